@@ -1,0 +1,45 @@
+# prx_assets -- `make demo` and `make test` do all set-up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export PRX_DATA_ROOT ?= $(CURDIR)/data
+export PRX_CONFIG_DIR ?= $(CURDIR)/config
+PORT ?= 3000
+
+.PHONY: venv demo test lint bench dev validate clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -U pip 2>&1 | grep -v "is ignored: it is neither" || true
+	set -o pipefail; $(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | { grep -v "is ignored: it is neither" || true; }
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	@mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+
+demo: venv $(DAGSTER_HOME)/dagster.yaml
+	$(VENV)/bin/prx-assets demo
+
+lint: venv
+	$(VENV)/bin/ruff check prx_assets tests bench
+
+validate: venv $(DAGSTER_HOME)/dagster.yaml
+	$(VENV)/bin/dagster definitions validate -m prx_assets.definitions
+
+test: venv lint
+	$(VENV)/bin/pytest -q -ra
+
+bench: venv
+	$(PY) -m bench
+
+dev: venv $(DAGSTER_HOME)/dagster.yaml
+	$(VENV)/bin/dagster dev -m prx_assets.definitions -h 127.0.0.1 -p $(PORT)
+
+clean:
+	rm -rf .dagster_home data .pytest_cache

@@ -1,0 +1,298 @@
+"""`prx-assets`: the command-line entry point.
+
+Verbs:
+
+- ``demo``       generate the demo corpus under the data root, then ``run`` everything
+- ``discover``   find new files in every source and register ingest-batch partitions
+- ``run``        materialize, in-process and in dependency order, every missing or stale
+                 partition of the selected assets (all by default), with progress
+- ``status``     sources, batches and which partitions are materialized
+- ``rejects``    list rejected files with their reasons
+
+Runs are recorded in the Dagster instance at ``$DAGSTER_HOME`` (default
+``./.dagster_home``), so the UI (``make dev``) shows them.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from prx_assets.core.config import data_root, load_sources
+from prx_assets.core.schema import IMAGES_TABLE, REJECTS_TABLE
+from prx_assets.core.storage import DataRoot
+from prx_assets.core.table import open_table, table_uri
+from prx_assets.errors import PrxError
+
+
+def ensure_dagster_home() -> Path:
+    """Use ``$DAGSTER_HOME``, defaulting to ``./.dagster_home`` seeded with ``./dagster.yaml``."""
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        home = str(Path(".dagster_home").resolve())
+        os.environ["DAGSTER_HOME"] = home
+    path = Path(home)
+    path.mkdir(parents=True, exist_ok=True)
+    project_yaml = Path("dagster.yaml")
+    target = path / "dagster.yaml"
+    if project_yaml.is_file() and project_yaml.resolve() != target.resolve() and (
+            not target.exists() or target.read_bytes() != project_yaml.read_bytes()):
+        shutil.copyfile(project_yaml, target)
+    return path
+
+
+def _instance() -> dg.DagsterInstance:
+    ensure_dagster_home()
+    return dg.DagsterInstance.get()
+
+
+def _root() -> DataRoot:
+    return DataRoot(data_root())
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    """Discover new files and register their batch partitions."""
+    from prx_assets.defs.ingest import discover_batches
+    from prx_assets.defs.partitions import raw_batches
+
+    instance = _instance()
+    reports = discover_batches(_root(), load_sources(), only=args.source)
+    new = register_batches(instance, reports, raw_batches.name or "raw_batches")
+    for r in reports:
+        changed = f", {r['changed_units']} changed (not re-batched)" if r["changed_units"] else ""
+        print(f"{r['source']}: {r['new_units']} new units -> {len(r['new_batches'])} new batches "
+              f"({r['batches']} total){changed}")
+    print(f"registered {len(new)} new partitions")
+    return 0
+
+
+def register_batches(instance: dg.DagsterInstance, reports: list[dict[str, Any]],
+                     name: str) -> list[str]:
+    """Add every discovered batch key missing from the dynamic partitions ``name``."""
+    existing = set(instance.get_dynamic_partitions(name))
+    new = [k for r in reports for k in r["all_batches"] if k not in existing]
+    if new:
+        instance.add_dynamic_partitions(name, new)
+    return new
+
+
+def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | None,
+             ) -> list[tuple[dg.AssetKey, str | None]]:
+    """Missing or stale (asset, partition) pairs of the selection, in dependency order."""
+    from prx_assets.defs.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
+
+    graph = defs.resolve_asset_graph()
+    order = list(graph.toposorted_asset_keys)
+    if select:
+        chosen = dg.AssetSelection.from_string(select).resolve(graph)
+        order = [k for k in order if k in chosen]
+    ctx = FingerprintContext(root=_root(), sources=load_sources(), instance=instance)
+    plan: list[tuple[dg.AssetKey, str | None]] = []
+    for key in order:
+        asset_def = defs.resolve_assets_def(key)
+        pdef = asset_def.partitions_def
+        if pdef is None:
+            partitions: list[str | None] = [None]
+        else:
+            partitions = list(pdef.get_partition_keys(dynamic_partitions_store=instance))
+        recorded = recorded_fingerprints(instance, key)
+        fp_fn = fingerprint_for(key)
+        for pk in partitions:
+            if pk not in recorded or (fp_fn is not None and recorded[pk] != fp_fn(ctx, pk)):
+                plan.append((key, pk))
+    return plan
+
+
+def _result_line(result: dg.ExecuteInProcessResult) -> str:
+    parts = []
+    for mat in result.get_asset_materialization_events():
+        md = mat.materialization.metadata
+        if "dagster/row_count" in md:
+            parts.append(f"{md['dagster/row_count'].value} rows")
+        if "rejected" in md:
+            parts.append(f"{md['rejected'].value} rejected")
+        if "lance_version" in md:
+            parts.append(f"lance v{md['lance_version'].value}")
+    for ev in result.get_asset_check_evaluations():
+        parts.append(f"check {ev.check_name}: {'passed' if ev.passed else 'FAILED'}")
+    return ", ".join(parts)
+
+
+def _failure_lines(result: dg.ExecuteInProcessResult) -> list[str]:
+    lines = [f"check {ev.check_name} failed: {ev.description or ''}"
+             for ev in result.get_asset_check_evaluations() if not ev.passed]
+    for ev in result.all_events:
+        if ev.is_step_failure and ev.step_failure_data is not None and ev.step_failure_data.error:
+            err = ev.step_failure_data.error
+            while err.cause is not None and "DagsterExecutionStepExecutionError" in err.cls_name:
+                err = err.cause
+            if "AssetCheckFailed" not in err.cls_name:
+                lines.append(f"{err.cls_name}: {err.message.strip()}")
+    return lines
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Materialize missing or stale partitions in dependency order."""
+    from prx_assets.definitions import defs
+    from prx_assets.defs.ingest import discover_batches
+    from prx_assets.defs.partitions import raw_batches
+
+    instance = _instance()
+    reports = discover_batches(_root(), load_sources())
+    register_batches(instance, reports, raw_batches.name or "raw_batches")
+    plan = plan_run(defs, instance, args.select)
+    if not plan:
+        print("everything is up to date")
+        return 0
+    print(f"{len(plan)} partitions to materialize")
+    if args.dry_run:
+        for key, pk in plan:
+            print(f"  {key.to_user_string()} {pk or ''}")
+        return 0
+    job = defs.resolve_implicit_global_asset_job_def()
+    level = "INFO" if args.verbose else "CRITICAL"
+    failed = 0
+    for i, (key, pk) in enumerate(plan, 1):
+        started = time.perf_counter()
+        result = job.execute_in_process(
+            instance=instance, partition_key=pk, asset_selection=[key], raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": level}}}},
+            tags={"prx/launched_by": "prx-assets run"})
+        took = time.perf_counter() - started
+        status = "ok" if result.success else "FAILED"
+        print(f"[{i}/{len(plan)}] {key.to_user_string()} {pk or ''}: {status} "
+              f"({took:.1f}s) {_result_line(result)}", flush=True)
+        if not result.success:
+            failed += 1
+            for line in _failure_lines(result):
+                print(f"    {line}")
+    if failed:
+        print(f"{failed} of {len(plan)} partitions failed")
+        return 1
+    return 0
+
+
+def table_summary(root: DataRoot) -> dict[str, Any]:
+    """Rows per source, rejects per reason, and versions of the Lance tables."""
+    out: dict[str, Any] = {"data_root": root.uri}
+    images = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
+    if images is not None:
+        t = images.to_table(columns=["source", "jpeg_bytes"])
+        out["images"] = {
+            "rows": t.num_rows,
+            "by_source": dict(sorted(Counter(t.column("source").to_pylist()).items())),
+            "jpeg_bytes": sum(t.column("jpeg_bytes").to_pylist()),
+            "lance_version": images.version,
+            "uri": images.uri,
+        }
+    rejects = open_table(table_uri(root, REJECTS_TABLE), root.storage_options())
+    if rejects is not None:
+        t = rejects.to_table(columns=["reason"])
+        out["rejects"] = {"rows": t.num_rows,
+                          "by_reason": dict(sorted(Counter(t.column("reason").to_pylist()).items()))}
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print sources, batches and materialization status."""
+    from prx_assets.core.batches import load_manifests
+
+    instance = _instance()
+    root = _root()
+    materialized = set(instance.get_materialized_partitions(dg.AssetKey("raw_images")))
+    for src in load_sources().sources:
+        manifests = load_manifests(root, src.name)
+        done = sum(1 for m in manifests if m.key in materialized)
+        print(f"{src.name} ({src.kind} {src.location}): {len(manifests)} batches, "
+              f"{done} materialized, {sum(m.weight for m in manifests)} items")
+    print(json.dumps(table_summary(root), indent=2))
+    return 0
+
+
+def cmd_rejects(args: argparse.Namespace) -> int:
+    """List rejected files."""
+    root = _root()
+    ds = open_table(table_uri(root, REJECTS_TABLE), root.storage_options())
+    if ds is None:
+        print("no rejects table yet")
+        return 0
+    clauses = []
+    if args.source:
+        clauses.append(f"source = '{args.source}'")
+    if args.reason:
+        clauses.append(f"reason = '{args.reason}'")
+    rows = ds.to_table(columns=["source", "batch", "reason", "uri", "message"],
+                       filter=" AND ".join(clauses) or None).to_pylist()
+    for r in rows[: args.limit]:
+        print(json.dumps(r) if args.json else
+              f"{r['reason']:<20} {r['batch']:<18} {r['uri']}\n{'':<20} {r['message']}")
+    print(f"{len(rows)} rejects", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Generate the demo corpus (if absent) and run the whole graph."""
+    from prx_assets.core.demo_corpus import generate_demo_corpus
+
+    root = _root()
+    marker = "demo/CORPUS.json"
+    if args.regenerate or not root.exists(marker):
+        print(f"generating the demo corpus under {root.join('demo')} ...", flush=True)
+        summary = generate_demo_corpus(root)
+        root.write_bytes(marker, json.dumps(summary.to_dict(), indent=1).encode())
+        print(f"  wrote {dict(summary.files)}; {len(summary.broken)} deliberately broken inputs")
+    else:
+        print(f"demo corpus already present under {root.join('demo')}")
+    rc = cmd_run(argparse.Namespace(select=None, dry_run=False, verbose=args.verbose))
+    print("\nsummary:")
+    print(json.dumps(table_summary(root), indent=2))
+    print(f"\nDagster instance: {os.environ['DAGSTER_HOME']} -- open the UI with `make dev`")
+    return rc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for docs and tests)."""
+    p = argparse.ArgumentParser(prog="prx-assets", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+    d = sub.add_parser("demo", help="generate the demo corpus and run the whole graph")
+    d.add_argument("--regenerate", action="store_true", help="rewrite the demo corpus")
+    d.add_argument("-v", "--verbose", action="store_true", help="show Dagster run logs")
+    d.set_defaults(fn=cmd_demo)
+    s = sub.add_parser("discover", help="find new files and register ingest-batch partitions")
+    s.add_argument("--source", help="only this source")
+    s.set_defaults(fn=cmd_discover)
+    r = sub.add_parser("run", help="materialize missing or stale partitions in dependency order")
+    r.add_argument("--select", help="Dagster asset selection, e.g. 'raw_images' or 'raw_images+'")
+    r.add_argument("--dry-run", action="store_true", help="only list what would run")
+    r.add_argument("-v", "--verbose", action="store_true", help="show Dagster run logs")
+    r.set_defaults(fn=cmd_run)
+    st = sub.add_parser("status", help="sources, batches and table summary")
+    st.set_defaults(fn=cmd_status)
+    rj = sub.add_parser("rejects", help="list rejected files with reasons")
+    rj.add_argument("--source")
+    rj.add_argument("--reason")
+    rj.add_argument("--limit", type=int, default=50)
+    rj.add_argument("--json", action="store_true", help="JSON lines")
+    rj.set_defaults(fn=cmd_rejects)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``prx-assets`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except PrxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The one schema source of truth for the Lance tables (and, later, the MDS columns).
+
+``images`` holds one row per accepted image; the JPEG bytes are written once, by
+ingest. Later stages add columns (captions, embeddings) through Lance schema
+evolution without rewriting these. ``rejects`` holds one row per file that was not
+ingested, with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+
+IMAGES_TABLE = "images"
+REJECTS_TABLE = "rejects"
+LANCE_DIR = "lance"
+
+IMAGES_SCHEMA = pa.schema([
+    pa.field("image_id", pa.string(), nullable=False,
+             metadata={"doc": "16 hex chars: blake2b-64 of source name and item URI"}),
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("batch", pa.string(), nullable=False, metadata={"doc": "ingest partition key"}),
+    pa.field("uri", pa.string(), nullable=False, metadata={"doc": "where the original lives"}),
+    pa.field("jpeg", pa.large_binary(), nullable=False, metadata={"doc": "normalized JPEG bytes"}),
+    pa.field("jpeg_bytes", pa.int64(), nullable=False),
+    pa.field("width", pa.int32(), nullable=False),
+    pa.field("height", pa.int32(), nullable=False),
+    pa.field("orig_width", pa.int32(), nullable=False),
+    pa.field("orig_height", pa.int32(), nullable=False),
+    pa.field("orig_format", pa.string(), nullable=False),
+    pa.field("orig_mode", pa.string(), nullable=False),
+    pa.field("orig_bytes", pa.int64(), nullable=False),
+    pa.field("sha256", pa.string(), nullable=False, metadata={"doc": "of the original bytes"}),
+    pa.field("phash", pa.uint64(), nullable=False, metadata={"doc": "64-bit DCT perceptual hash"}),
+    pa.field("aspect_ratio", pa.float32(), nullable=False),
+    pa.field("aspect_bucket", pa.string(), nullable=False),
+    pa.field("original_caption", pa.string()),
+    pa.field("license", pa.string()),
+    pa.field("extra", pa.string(), metadata={"doc": "JSON object of carried source fields"}),
+    pa.field("ingest_config", pa.string(), nullable=False,
+             metadata={"doc": "fingerprint of the normalization settings"}),
+])
+
+REJECTS_SCHEMA = pa.schema([
+    pa.field("image_id", pa.string(), nullable=False),
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("batch", pa.string(), nullable=False),
+    pa.field("uri", pa.string(), nullable=False),
+    pa.field("reason", pa.string(), nullable=False),
+    pa.field("message", pa.string(), nullable=False),
+    pa.field("orig_bytes", pa.int64(), nullable=False),
+])
+
+
+def image_id(source: str, uri: str) -> str:
+    """Stable id of an item: 16 hex chars of blake2b over source name and URI.
+
+    >>> image_id("photos", "/data/photos/a.jpg")
+    '5b5d8d8b4c9b1a8f'  # doctest: +SKIP
+    """
+    return hashlib.blake2b(f"{source}\0{uri}".encode(), digest_size=8).hexdigest()

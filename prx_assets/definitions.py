@@ -1,0 +1,25 @@
+"""The one Definitions object: assets, checks, sensors, jobs, resources bound once.
+
+Nothing here reads files, the environment or the network at import time: resources
+resolve the data root and config when a run or sensor uses them.
+"""
+
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+
+from prx_assets.defs.ingest import ingest_job, jpeg_q92_cycles, raw_batch_sensor, raw_images
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+defs = dg.Definitions(
+    assets=[raw_images],
+    asset_checks=[jpeg_q92_cycles],
+    jobs=[ingest_job],
+    sensors=[raw_batch_sensor],
+    resources={
+        "storage": StorageResource(),
+        "project": ProjectConfigResource(),
+        # Endpoint and credentials come from AWS_ENDPOINT_URL / AWS_* in the environment.
+        "s3": S3Resource(),
+    },
+)

@@ -1,0 +1,66 @@
+"""Input fingerprints: how `prx-assets run` decides a partition is stale.
+
+Each asset registers a function that hashes everything its output depends on (code
+version, relevant config, upstream data versions, the batch manifest). The asset
+records the fingerprint in its materialization metadata under ``prx/fingerprint``;
+a partition whose recorded fingerprint differs from the current one is stale.
+"""
+
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import dagster as dg
+
+from prx_assets.core.config import SourcesConfig
+from prx_assets.core.storage import DataRoot
+
+FINGERPRINT_KEY = "prx/fingerprint"
+
+
+@dataclass(frozen=True)
+class FingerprintContext:
+    """What a fingerprint function may read."""
+
+    root: DataRoot
+    sources: SourcesConfig
+    instance: dg.DagsterInstance | None = None
+
+
+FingerprintFn = Callable[[FingerprintContext, str | None], str]
+_REGISTRY: dict[dg.AssetKey, FingerprintFn] = {}
+
+
+def register_fingerprint(key: dg.AssetKey | str, fn: FingerprintFn) -> FingerprintFn:
+    """Register the fingerprint function of an asset."""
+    _REGISTRY[dg.AssetKey.from_coercible(key)] = fn
+    return fn
+
+
+def fingerprint_for(key: dg.AssetKey) -> FingerprintFn | None:
+    """The registered function, if any."""
+    return _REGISTRY.get(key)
+
+
+def digest(*parts: object) -> str:
+    """Short stable hash of the given parts."""
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:20]
+
+
+def recorded_fingerprints(instance: dg.DagsterInstance, key: dg.AssetKey) -> dict[str | None, str]:
+    """Latest recorded fingerprint per partition key (``None`` for unpartitioned)."""
+    out: dict[str | None, str] = {}
+    cursor = None
+    while True:
+        res = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=500,
+                                              cursor=cursor, ascending=False)
+        for rec in res.records:
+            mat = rec.asset_materialization
+            if mat is None or mat.partition in out:
+                continue
+            value = mat.metadata.get(FINGERPRINT_KEY)
+            out[mat.partition] = str(value.value) if value is not None else ""
+        if not res.has_more:
+            return out
+        cursor = res.cursor

@@ -1,0 +1,39 @@
+"""Storage and configuration resources: where data lives and which sources exist."""
+
+
+import dagster as dg
+from pydantic import Field
+
+from prx_assets.core.config import SourcesConfig, config_dir, data_root, load_sources
+from prx_assets.core.storage import DataRoot, ObjectStoreSettings
+
+
+class StorageResource(dg.ConfigurableResource):
+    """The data root (local folder or ``s3://bucket/prefix``) holding Lance tables and manifests.
+
+    Object-store credentials and endpoint come from the environment
+    (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``).
+    """
+
+    data_root: str | None = Field(
+        default=None, description="Data root; defaults to $PRX_DATA_ROOT, else ./data.")
+
+    def root(self) -> DataRoot:
+        """The data root, resolved now (not at import time)."""
+        return DataRoot(self.data_root or data_root(), ObjectStoreSettings.from_env())
+
+
+class ProjectConfigResource(dg.ConfigurableResource):
+    """The folder holding sources.yaml / recipes.yaml / mixtures.yaml."""
+
+    config_dir: str | None = Field(
+        default=None, description="Config folder; defaults to $PRX_CONFIG_DIR, else ./config.")
+
+    def sources_path(self) -> str:
+        """Path of sources.yaml."""
+        base = self.config_dir or str(config_dir())
+        return f"{base.rstrip('/')}/sources.yaml"
+
+    def sources(self) -> SourcesConfig:
+        """Parse and validate sources.yaml (raises ConfigError naming file, source, fix)."""
+        return load_sources(self.sources_path())
