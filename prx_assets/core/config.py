@@ -269,7 +269,11 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
     try:
         doc = yaml.safe_load(cfg_path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"malformed YAML: {e}", path=spath, fix="fix the YAML syntax") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"malformed YAML{where}: {problem}", path=spath,
+                          fix="fix the YAML syntax") from None
     if not isinstance(doc, Mapping) or not isinstance(doc.get("sources"), list):
         raise ConfigError("expected a mapping with a 'sources:' list", path=spath,
                           fix="write sources: [{name: photos, kind: folder, path: /data/photos}]")

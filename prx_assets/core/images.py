@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import re
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -116,7 +117,17 @@ def open_header(data: bytes, settings: IngestSettings) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
-        raise ImageRejected(RejectReason.DECOMPRESSION_BOMB, str(e)) from None
+        # Pillow's own guard (2x Image.MAX_IMAGE_PIXELS) fires inside Image.open, before ours.
+        m = re.search(r"\((\d+) pixels\)", str(e))
+        declared = int(m.group(1)) if m else -1
+        if declared > settings.max_pixels:
+            msg = (f"header declares {declared} pixels > max_pixels={settings.max_pixels} "
+                   "(raise ingest.max_pixels to accept larger images)")
+        else:
+            msg = (f"header declares {declared} pixels, above Pillow's guard "
+                   f"(2 x PIL.Image.MAX_IMAGE_PIXELS = {2 * (Image.MAX_IMAGE_PIXELS or 0)}); raise "
+                   "PIL.Image.MAX_IMAGE_PIXELS as well as ingest.max_pixels to accept it")
+        raise ImageRejected(RejectReason.DECOMPRESSION_BOMB, msg) from None
     except UnidentifiedImageError:
         if sniffed is None:
             head = data[:16]

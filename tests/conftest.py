@@ -1,0 +1,130 @@
+"""Shared fixtures: temporary data roots, image factories, a real moto S3 server."""
+
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+from PIL import Image
+
+warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def encode(im: Image.Image, fmt: str, **kw: object) -> bytes:
+    """Encode an image to bytes."""
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def photo(w: int = 320, h: int = 240, seed: int = 0) -> Image.Image:
+    """A deterministic photo-like RGB image."""
+    from prx_assets.core.demo_corpus import make_scene
+
+    return make_scene(np.random.default_rng(seed), w, h).image
+
+
+@pytest.fixture
+def data_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh local data root, exported as PRX_DATA_ROOT."""
+    root = tmp_path / "data"
+    root.mkdir()
+    monkeypatch.setenv("PRX_DATA_ROOT", str(root))
+    return root
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """A real S3 API over HTTP on a free loopback port (moto_server); yields the endpoint."""
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    if exe is None:
+        pytest.fail("moto_server not found: install the dev extra (pip install -e '.[dev]')")
+    port = free_port()
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail(f"moto_server did not start on {endpoint}")
+    yield endpoint
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_env(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Environment pointing boto3, Lance and pyarrow at the moto server; a fresh bucket."""
+    env = {
+        "AWS_ENDPOINT_URL": moto_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    import boto3
+
+    bucket = f"b{time.time_ns()}"
+    boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(Bucket=bucket)
+    env["BUCKET"] = bucket
+    return env
+
+
+@pytest.fixture(autouse=True)
+def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Never let a developer's environment leak into tests."""
+    for k in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL", "PRX_CONFIG_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    os.makedirs(tmp_path / "dagster_home", exist_ok=True)
+
+
+def write_folder_corpus(folder: Path, n: int = 6, seed: int = 0, broken: bool = True) -> list[Path]:
+    """``n`` good images of mixed formats (plus, optionally, three broken files) in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    fmts = [("jpg", "JPEG"), ("png", "PNG"), ("webp", "WEBP")]
+    for i in range(n):
+        ext, fmt = fmts[i % 3]
+        p = folder / ("sub" if i % 2 else "") / f"img_{seed}_{i:03d}.{ext}"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(encode(photo(200 + 40 * i, 160 + 10 * i, seed=seed * 100 + i), fmt))
+        out.append(p)
+    if broken:
+        (folder / "zero.jpg").write_bytes(b"")
+        (folder / "text.jpg").write_bytes(b"hello, not a jpeg")
+        (folder / "tiny.png").write_bytes(encode(photo(20, 20), "PNG"))
+        out += [folder / "zero.jpg", folder / "text.jpg", folder / "tiny.png"]
+    return out
+
+
+def write_sources_yaml(config_dir: Path, body: str) -> Path:
+    """Write sources.yaml into ``config_dir`` and return its path."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    p = config_dir / "sources.yaml"
+    p.write_text(body)
+    return p

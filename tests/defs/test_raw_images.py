@@ -1,0 +1,149 @@
+"""raw_images through Dagster: materialize partitions, the q92 check, the discovery sensor."""
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import lance
+import pytest
+
+from prx_assets.definitions import defs
+from prx_assets.defs.ingest import ingest_job, jpeg_q92_cycles, raw_batch_sensor, raw_images
+from prx_assets.defs.partitions import raw_batches
+from prx_assets.defs.staleness import FINGERPRINT_KEY
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+from tests.conftest import write_folder_corpus, write_sources_yaml
+
+
+@pytest.fixture
+def project(tmp_path: Path, data_root: Path) -> dict:
+    folder = tmp_path / "incoming"
+    write_folder_corpus(folder, n=5)
+    cfg = write_sources_yaml(tmp_path / "config", f"""
+sources:
+  - name: photos
+    kind: folder
+    path: {folder}
+    batch_size: 4
+""")
+    resources = {
+        "storage": StorageResource(data_root=str(data_root)),
+        "project": ProjectConfigResource(config_dir=str(cfg.parent)),
+        "s3": defs.resources["s3"],
+    }
+    return {"folder": folder, "resources": resources, "root": data_root, "config": cfg}
+
+
+def run_sensor(instance: dg.DagsterInstance, resources: dict, cursor: str | None = None) -> dg.SensorResult:
+    ctx = dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor)
+    return raw_batch_sensor(ctx)
+
+
+def materialize(instance: dg.DagsterInstance, resources: dict, key: str,
+                **kw: object) -> dg.ExecuteInProcessResult:
+    return dg.materialize([raw_images, jpeg_q92_cycles], instance=instance, resources=resources,
+                          partition_key=key, **kw)
+
+
+def test_sensor_adds_partitions_and_requests_one_run_each(project: dict) -> None:
+    with dg.instance_for_test() as instance:
+        result = run_sensor(instance, project["resources"])
+        assert [r.partition_key for r in result.run_requests] == ["photos-00001", "photos-00002"]
+        assert [r.run_key for r in result.run_requests] == ["raw_images:photos-00001", "raw_images:photos-00002"]
+        assert json.loads(result.cursor) == {"photos": 2}
+        for req in result.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        again = run_sensor(instance, project["resources"], cursor=result.cursor)
+        assert again.run_requests == [] and again.skip_reason
+
+        write_folder_corpus(project["folder"], n=2, seed=9, broken=False)
+        third = run_sensor(instance, project["resources"], cursor=again.cursor)
+        assert [r.partition_key for r in third.run_requests] == ["photos-00003"]
+
+
+def test_materialize_partition_metadata_version_and_check(project: dict) -> None:
+    with dg.instance_for_test() as instance:
+        result = run_sensor(instance, project["resources"])
+        instance.add_dynamic_partitions("raw_batches", [r.partition_key for r in result.run_requests])
+        res = materialize(instance, project["resources"], "photos-00001")
+        assert res.success
+        mat = res.asset_materializations_for_node("raw_images")[0]
+        md = mat.metadata
+        assert md["dagster/row_count"].value == 4  # units sorted by path: 4 good files first
+        assert md["rejected"].value == 0
+        assert md[FINGERPRINT_KEY].value
+        assert md["lance_uri"].value.endswith("images.lance")
+        version = int(mat.tags["dagster/data_version"])
+        assert version == md["lance_version"].value
+        (check,) = res.get_asset_check_evaluations()
+        assert check.passed and check.partition == "photos-00001"
+        assert check.metadata["quality"].value == 92
+        assert check.metadata["sampled"].value == 4
+
+        second = materialize(instance, project["resources"], "photos-00002")
+        md2 = second.asset_materializations_for_node("raw_images")[0].metadata
+        assert md2["dagster/row_count"].value == 1
+        assert md2["rejects_by_reason"].value == {"empty": 1, "not_image": 1, "too_small": 1}
+        assert "zero.jpg" in md2["reject_examples"].value
+
+        # Re-materializing without changes: same rows, the data version does not move.
+        res2 = materialize(instance, project["resources"], "photos-00001")
+        mat2 = res2.asset_materializations_for_node("raw_images")[0]
+        assert mat2.tags["dagster/data_version"] == str(version)
+        assert mat2.metadata["rows_inserted_updated_deleted"].value == "0/0/0"
+        ds = lance.dataset(str(project["root"] / "lance" / "images.lance"))
+        assert ds.count_rows() == 5
+
+
+def test_new_batch_does_not_reprocess_old_ones(project: dict) -> None:
+    with dg.instance_for_test() as instance:
+        for req in run_sensor(instance, project["resources"]).dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        materialize(instance, project["resources"], "photos-00001")
+        materialize(instance, project["resources"], "photos-00002")
+        ds = lance.dataset(str(project["root"] / "lance" / "images.lance"))
+        frags_before = {f.fragment_id for f in ds.get_fragments()}
+        write_folder_corpus(project["folder"], n=3, seed=5, broken=False)
+        third = run_sensor(instance, project["resources"])
+        (req,) = third.run_requests
+        instance.add_dynamic_partitions("raw_batches", [req.partition_key])
+        res = materialize(instance, project["resources"], req.partition_key)
+        mat = res.asset_materializations_for_node("raw_images")[0]
+        assert mat.metadata["rows_inserted_updated_deleted"].value == "3/0/0"
+        ds = lance.dataset(str(project["root"] / "lance" / "images.lance"))
+        assert frags_before <= {f.fragment_id for f in ds.get_fragments()}
+        assert ds.count_rows() == 5 + 3
+
+
+def test_q92_check_fails_when_quality_is_absurdly_low(project: dict) -> None:
+    cfg: Path = project["config"]
+    cfg.write_text(cfg.read_text().replace("batch_size: 4", "batch_size: 4\n    ingest: {jpeg_quality: 3}"))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("raw_batches", ["photos-00001"])
+        run_sensor(instance, project["resources"])
+        res = materialize(instance, project["resources"], "photos-00001", raise_on_error=False)
+        (check,) = res.get_asset_check_evaluations()
+        assert not check.passed
+        assert "quality 3" in (check.description or "")
+        assert not res.success  # the check is blocking
+
+
+def test_bad_partition_key_fails_with_a_fix(project: dict) -> None:
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("raw_batches", ["photos-00042"])
+        res = materialize(instance, project["resources"], "photos-00042", raise_on_error=False)
+        assert not res.success
+        errors = [e.step_failure_data.error for e in res.all_events if e.is_step_failure]
+        text = str(errors[0].cause or errors[0]) if errors else ""
+        assert "no batch manifest for partition 'photos-00042'" in text or any(
+            "no batch manifest" in (e.message or "") for e in errors)
+
+
+def test_definitions_are_consistent() -> None:
+    job = defs.resolve_job_def("ingest_job")
+    assert job.partitions_def == raw_batches
+    assert ingest_job.name == "ingest_job"
+    spec = defs.resolve_assets_def("raw_images").specs_by_key[dg.AssetKey("raw_images")]
+    assert spec.group_name == "ingest" and spec.code_version and spec.description
+    assert {"lance", "python"} <= set(spec.kinds)
+    assert defs.resolve_sensor_def("raw_batch_sensor")

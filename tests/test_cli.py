@@ -1,0 +1,91 @@
+"""The `prx-assets` command: run, staleness, status, rejects, and definitions validation."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from prx_assets.cli import main
+from prx_assets.core.demo_corpus import generate_demo_corpus
+from prx_assets.core.storage import DataRoot
+
+REPO = Path(__file__).parents[1]
+
+
+@pytest.fixture
+def small_demo(tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    generate_demo_corpus(DataRoot(str(data_root)), n_photos=20, n_catalog=10, n_web=8)
+    config = tmp_path / "config"
+    shutil.copytree(REPO / "config", config)
+    monkeypatch.setenv("PRX_CONFIG_DIR", str(config))
+    monkeypatch.chdir(tmp_path)
+    return config
+
+
+def test_run_materializes_everything_then_nothing_then_only_stale(
+        small_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "partitions to materialize" in out and "raw_images photos-00001" in out
+
+    assert main(["run"]) == 0
+    out = capsys.readouterr().out
+    n = int(out.split(" partitions to materialize")[0].split()[-1])
+    assert f"[{n}/{n}] raw_images" in out and "FAILED" not in out
+    assert "check jpeg_q92_cycles: passed" in out
+
+    assert main(["run"]) == 0
+    assert "everything is up to date" in capsys.readouterr().out
+
+    # Changing one source's normalization settings makes only its partitions stale.
+    sources = small_demo / "sources.yaml"
+    sources.write_text(sources.read_text().replace(
+        "    batch_size: 1           # tar shards per batch",
+        "    batch_size: 1\n    ingest: {jpeg_quality: 90}"))
+    assert main(["run"]) == 0
+    out = capsys.readouterr().out
+    ran = [line for line in out.splitlines() if line.startswith("[")]
+    assert ran and all("webshards-" in line for line in ran)
+
+    with dg.DagsterInstance.get() as instance:
+        runs = instance.get_runs()
+        assert runs and all(r.tags.get("prx/launched_by") == "prx-assets run" for r in runs)
+
+
+def test_status_and_rejects(small_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--select", "raw_images"]) == 0
+    capsys.readouterr()
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "photos (folder" in out and '"by_reason"' in out
+    assert main(["rejects", "--reason", "decompression_bomb"]) == 0
+    captured = capsys.readouterr()
+    assert "pixel_bomb.png" in captured.out and "1 rejects" in captured.err
+
+
+def test_config_errors_exit_2_with_the_message(tmp_path: Path, data_root: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "sources.yaml").write_text("sources:\n  - {name: x, kind: ftp, path: /x}\n")
+    monkeypatch.setenv("PRX_CONFIG_DIR", str(tmp_path / "cfg"))
+    assert main(["discover"]) == 2
+    assert "unknown source kind 'ftp'" in capsys.readouterr().err
+
+
+def test_dagster_definitions_validate(tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "dagster"
+    res = subprocess.run([str(exe), "definitions", "validate", "-m", "prx_assets.definitions"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_help_lists_the_verbs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for verb in ("demo", "discover", "run", "status", "rejects"):
+        assert verb in out

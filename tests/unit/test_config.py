@@ -1,0 +1,90 @@
+"""sources.yaml parsing: valid forms, env expansion, and errors that name file, source and fix."""
+
+from pathlib import Path
+
+import pytest
+
+from prx_assets.core.config import load_sources
+from prx_assets.core.sources import reader_for
+from prx_assets.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "sources.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_minimal_form_and_defaults(tmp_path: Path, data_root: Path) -> None:
+    p = write(tmp_path, """
+sources:
+  - {name: photos, kind: folder, path: /data/photos}
+  - {name: pub, kind: s3, uri: s3://b/p}
+  - {name: cat, kind: parquet, path: rel/cat}
+  - {name: web, kind: webdataset, path: "${PRX_DATA_ROOT}/web"}
+""")
+    cfg = load_sources(p)
+    assert [s.name for s in cfg.sources] == ["photos", "pub", "cat", "web"]
+    assert cfg.get("pub").location == "s3://b/p/"
+    assert cfg.get("cat").location == str(tmp_path / "rel" / "cat")
+    assert cfg.get("web").location == f"{data_root}/web"
+    assert cfg.get("photos").ingest.jpeg_quality == 92
+
+
+def test_ingest_overrides_and_fingerprint(tmp_path: Path) -> None:
+    p = write(tmp_path, """
+ingest: {jpeg_quality: 90, max_side: 2048}
+sources:
+  - {name: a, kind: folder, path: /x}
+  - {name: b, kind: folder, path: /x, ingest: {jpeg_quality: 95}}
+""")
+    cfg = load_sources(p)
+    a, b = cfg.get("a"), cfg.get("b")
+    assert (a.ingest.jpeg_quality, a.ingest.max_side) == (90, 2048)
+    assert (b.ingest.jpeg_quality, b.ingest.max_side) == (95, 2048)
+    assert a.ingest.normalization_fingerprint() != b.ingest.normalization_fingerprint()
+
+
+@pytest.mark.parametrize(("text", "pattern"), [
+    ("sources:\n  - {name: x, kind: ftp, path: /x}\n",
+     r"sources.yaml: source 'x': unknown source kind 'ftp' \(fix: use one of: folder, s3, parquet"),
+    ("sources: [\n  - {name: x\n", r"sources.yaml: malformed YAML at line 2, column 3: .*\(fix: fix the YAML syntax\)"),
+    ("sources:\n  - {name: x, kind: folder}\n", r"source 'x': missing 'path'"),
+    ("sources:\n  - {name: Bad-Name, kind: folder, path: /x}\n", r"source name 'Bad-Name' is invalid"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, colour: red}\n", r"source 'x': unknown keys \['colour'\]"),
+    ("sources:\n  - {name: x, kind: folder, path: /x}\n  - {name: x, kind: folder, path: /y}\n",
+     r"source 'x': duplicate source name"),
+    ("sources:\n  - {name: x, kind: s3, uri: /local}\n", r"uri '/local' is not an s3:// URI"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {jpeg_quality: 0}}\n",
+     r"jpeg_quality=0 is outside 1..100"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {qualty: 9}}\n", r"unknown ingest setting 'qualty'"),
+    ("sources:\n  - {name: x, kind: folder, path: '${NOPE_NOT_SET}/x'}\n",
+     r"environment variable NOPE_NOT_SET is not set"),
+    ("ingest: {aspect_buckets: ['16x9']}\nsources: []\n", r"aspect bucket '16x9' is not of the form"),
+    ("just a string\n", r"expected a mapping with a 'sources:' list"),
+])
+def test_bad_config_names_file_source_and_fix(tmp_path: Path, text: str, pattern: str) -> None:
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=pattern) as exc:
+        load_sources(p)
+    assert str(p) in str(exc.value)
+    assert "fix:" in str(exc.value)
+
+
+def test_missing_file_and_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope/sources.yaml: file not found.*PRX_CONFIG_DIR"):
+        load_sources(tmp_path / "nope" / "sources.yaml")
+    cfg = load_sources(write(tmp_path, f"sources:\n  - {{name: x, kind: folder, path: {tmp_path}/missing}}\n"))
+    with pytest.raises(ConfigError, match=r"source 'x': folder .*missing' does not exist.*fix: create"):
+        reader_for(cfg.get("x")).list_units()
+
+
+def test_unknown_source_lookup_lists_known(tmp_path: Path) -> None:
+    cfg = load_sources(write(tmp_path, "sources:\n  - {name: a, kind: folder, path: /x}\n"))
+    with pytest.raises(ConfigError, match=r"no source named 'zz'; known sources: a"):
+        cfg.get("zz")
+
+
+def test_shipped_demo_config_is_valid() -> None:
+    cfg = load_sources(Path(__file__).parents[2] / "config" / "sources.yaml")
+    assert {s.kind for s in cfg.sources} == {"folder", "parquet", "webdataset"}

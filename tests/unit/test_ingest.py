@@ -1,0 +1,104 @@
+"""Ingest into Lance: rows, rejects, idempotent replacement, settings changes, S3 data root."""
+
+import io
+from pathlib import Path
+
+import lance
+from PIL import Image
+
+from prx_assets.core.batches import discover, load_manifest
+from prx_assets.core.config import IngestSettings, SourceConfig
+from prx_assets.core.ingest import ingest_batch
+from prx_assets.core.schema import IMAGES_SCHEMA
+from prx_assets.core.sources import reader_for
+from prx_assets.core.storage import DataRoot
+from prx_assets.core.table import open_table
+from tests.conftest import write_folder_corpus
+
+
+def setup(tmp_path: Path, settings: IngestSettings | None = None,
+          root: DataRoot | None = None) -> tuple[SourceConfig, DataRoot]:
+    folder = tmp_path / "photos"
+    if not folder.exists():
+        write_folder_corpus(folder, n=6)
+    cfg = SourceConfig(name="photos", kind="folder", location=str(folder), batch_size=100,
+                       ingest=settings or IngestSettings(workers=2))
+    root = root or DataRoot(str(tmp_path / "root"))
+    discover(cfg, reader_for(cfg), root)
+    return cfg, root
+
+
+def test_ingest_writes_rows_and_rejects(tmp_path: Path) -> None:
+    cfg, root = setup(tmp_path)
+    res = ingest_batch(load_manifest(root, "photos-00001"), reader_for(cfg), root, cfg.ingest)
+    assert res.rows == 6 and res.rejects == {"empty": 1, "not_image": 1, "too_small": 1}
+    images = lance.dataset(res.images_uri)
+    assert images.schema.equals(IMAGES_SCHEMA, check_metadata=False) or \
+        images.schema.names == IMAGES_SCHEMA.names
+    rows = images.to_table().to_pylist()
+    assert len(rows) == 6 and len({r["image_id"] for r in rows}) == 6
+    for r in rows:
+        im = Image.open(io.BytesIO(r["jpeg"]))
+        assert im.format == "JPEG" and im.size == (r["width"], r["height"])
+        assert r["batch"] == "photos-00001" and r["source"] == "photos"
+    rejects = lance.dataset(res.rejects_uri).to_table().to_pylist()
+    assert {(Path(r["uri"]).name, r["reason"]) for r in rejects} == {
+        ("zero.jpg", "empty"), ("text.jpg", "not_image"), ("tiny.png", "too_small")}
+    assert all(r["message"] for r in rejects)
+
+
+def test_rematerializing_is_idempotent_and_rewrites_nothing(tmp_path: Path) -> None:
+    cfg, root = setup(tmp_path)
+    m = load_manifest(root, "photos-00001")
+    first = ingest_batch(m, reader_for(cfg), root, cfg.ingest)
+    files_before = {f.path for f in lance.dataset(first.images_uri).get_fragments() for f in f.data_files()}
+    again = ingest_batch(m, reader_for(cfg), root, cfg.ingest)
+    ds = lance.dataset(again.images_uri)
+    assert ds.count_rows() == 6 and lance.dataset(again.rejects_uri).count_rows() == 3
+    assert (again.inserted, again.updated, again.deleted) == (0, 0, 0)
+    files_after = {f.path for f in ds.get_fragments() for f in f.data_files()}
+    assert files_after == files_before
+
+
+def test_changed_settings_update_rows_in_place(tmp_path: Path) -> None:
+    cfg, root = setup(tmp_path)
+    m = load_manifest(root, "photos-00001")
+    first = ingest_batch(m, reader_for(cfg), root, cfg.ingest)
+    sizes = {r["image_id"]: r["jpeg_bytes"] for r in lance.dataset(first.images_uri).to_table().to_pylist()}
+    stricter = IngestSettings(jpeg_quality=60, min_side=180, workers=1)
+    res = ingest_batch(m, reader_for(cfg), root, stricter)
+    rows = lance.dataset(res.images_uri).to_table().to_pylist()
+    # min_side=180 now rejects the two smallest images; the rest are re-encoded smaller.
+    assert res.rows == 4 and res.deleted == 2 and res.updated == 4
+    assert len(rows) == 4 and all(r["jpeg_bytes"] < sizes[r["image_id"]] for r in rows)
+    assert res.rejects["too_small"] == 3
+
+
+def test_partitions_are_independent(tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    write_folder_corpus(folder, n=6, broken=False)
+    cfg = SourceConfig(name="photos", kind="folder", location=str(folder), batch_size=3)
+    root = DataRoot(str(tmp_path / "root"))
+    discover(cfg, reader_for(cfg), root)
+    a = ingest_batch(load_manifest(root, "photos-00001"), reader_for(cfg), root, cfg.ingest)
+    ingest_batch(load_manifest(root, "photos-00002"), reader_for(cfg), root, cfg.ingest)
+    ingest_batch(load_manifest(root, "photos-00001"), reader_for(cfg), root, cfg.ingest)
+    t = lance.dataset(a.images_uri).to_table(columns=["batch"]).column("batch").to_pylist()
+    assert sorted(t) == ["photos-00001"] * 3 + ["photos-00002"] * 3
+
+
+def test_vanished_file_is_a_read_error_reject(tmp_path: Path) -> None:
+    cfg, root = setup(tmp_path)
+    (tmp_path / "photos" / "img_0_000.jpg").unlink()
+    res = ingest_batch(load_manifest(root, "photos-00001"), reader_for(cfg), root, cfg.ingest)
+    assert res.rows == 5 and res.rejects["read_error"] == 1
+
+
+def test_ingest_onto_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]) -> None:
+    root = DataRoot(f"s3://{s3_env['BUCKET']}/lab")
+    cfg, root = setup(tmp_path, root=root)
+    res = ingest_batch(load_manifest(root, "photos-00001"), reader_for(cfg), root, cfg.ingest)
+    assert res.images_uri.startswith("s3://")
+    ds = open_table(res.images_uri, root.storage_options())
+    assert ds is not None and ds.count_rows() == 6
+    assert root.list("ingest/batches/photos") == ["ingest/batches/photos/00001.json"]
