@@ -270,11 +270,7 @@ def perceptual_hash(rgb: Image.Image) -> int:
     d = _dct_matrix()
     coeffs = d @ np.asarray(gray, dtype=np.float64) @ d.T
     low = coeffs[:8, :8].ravel()
-    bits = low > np.median(low)
-    value = 0
-    for b in bits:
-        value = (value << 1) | int(b)
-    return value
+    return int.from_bytes(np.packbits(low > np.median(low)).tobytes(), "big")
 
 
 def hamming(a: int, b: int) -> int:
@@ -326,10 +322,10 @@ def prepare_rgb(data: bytes, settings: IngestSettings) -> Prepared:
     orig_size, orig_format, orig_mode = _oriented_size(im), im.format or "unknown", im.mode
     decode(im, settings)
     try:
-        oriented = ImageOps.exif_transpose(im)
+        ImageOps.exif_transpose(im, in_place=True)  # no full-size copy when already upright
     except Exception as e:  # Pillow raises assorted errors on malformed EXIF blocks
         raise ImageRejected(RejectReason.CORRUPT, f"EXIF orientation unreadable: {e}") from None
-    rgb = to_rgb(oriented)
+    rgb = to_rgb(im)
     return Prepared(resize_max_side(rgb, settings.max_side), orig_size, orig_format, orig_mode)
 
 

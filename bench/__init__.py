@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks; `make bench` (python -m bench) prints a table of ratios."""
