@@ -147,3 +147,33 @@ def test_definitions_are_consistent() -> None:
     assert spec.group_name == "ingest" and spec.code_version and spec.description
     assert {"lance", "python"} <= set(spec.kinds)
     assert defs.resolve_sensor_def("raw_batch_sensor")
+
+
+def test_s3_source_through_s3resource_onto_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]) -> None:
+    import boto3
+    from dagster_aws.s3 import S3Resource
+
+    bucket = s3_env["BUCKET"]
+    client = boto3.client("s3")
+    for p in write_folder_corpus(tmp_path / "local", n=3):
+        client.put_object(Bucket=bucket, Key=f"incoming/{p.name}", Body=p.read_bytes())
+    cfg = write_sources_yaml(tmp_path / "config", f"""
+sources:
+  - {{name: pub, kind: s3, uri: "s3://{bucket}/incoming", batch_size: 100}}
+""")
+    resources = {
+        "storage": StorageResource(data_root=f"s3://{bucket}/lab"),
+        "project": ProjectConfigResource(config_dir=str(cfg.parent)),
+        # the endpoint is configured on the resource, not only through the environment
+        "s3": S3Resource(endpoint_url=s3_env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
+                         aws_secret_access_key="testing", region_name="us-east-1"),
+    }
+    with dg.instance_for_test() as instance:
+        (req,) = run_sensor(instance, resources).run_requests
+        instance.add_dynamic_partitions("raw_batches", [req.partition_key])
+        res = materialize(instance, resources, req.partition_key)
+        md = res.asset_materializations_for_node("raw_images")[0].metadata
+        assert md["dagster/row_count"].value == 3 and md["rejected"].value == 3
+        assert md["lance_uri"].value == f"s3://{bucket}/lab/lance/images.lance"
+        (check,) = res.get_asset_check_evaluations()
+        assert check.passed
