@@ -3,6 +3,7 @@
 Verbs:
 
 - ``demo``       generate the demo corpus under the data root, then ``run`` everything
+- ``models``     build the tiny offline models that models.yaml points at (if missing)
 - ``discover``   find new files in every source and register ingest-batch partitions
 - ``run``        materialize, in-process and in dependency order, every missing or stale
                  partition of the selected assets (all by default), with progress
@@ -26,7 +27,7 @@ from typing import Any
 import dagster as dg
 
 from prx_assets.core.config import data_root, load_sources
-from prx_assets.core.schema import IMAGES_TABLE, REJECTS_TABLE
+from prx_assets.core.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TABLE
 from prx_assets.core.storage import DataRoot
 from prx_assets.core.table import open_table, table_uri
 from prx_assets.errors import PrxError
@@ -57,14 +58,58 @@ def _root() -> DataRoot:
     return DataRoot(data_root())
 
 
+def _models_config() -> Any:
+    from prx_assets.core.config import config_dir
+    from prx_assets.core.models_config import load_models
+
+    path = config_dir() / "models.yaml"
+    return load_models(path) if path.is_file() else None
+
+
+def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, Any]]) -> list[str]:
+    """Register discovered batches and the configured captioner ids as dynamic partitions."""
+    from prx_assets.defs.partitions import captioner_partitions, raw_batches
+
+    new = register_batches(instance, reports, raw_batches.name or "raw_batches")
+    models = _models_config()
+    if models is not None:
+        name = captioner_partitions.name or "captioners"
+        known = set(instance.get_dynamic_partitions(name))
+        fresh = [c for c in models.captioner_ids() if c not in known]
+        if fresh:
+            instance.add_dynamic_partitions(name, fresh)
+            new += fresh
+    return new
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """Build the tiny offline models referenced by models.yaml."""
+    from prx_assets.core.tiny_models import ensure_tiny_models
+
+    models = _models_config()
+    if models is None:
+        print("no models.yaml in the config folder")
+        return 0
+    paths = [c.model for c in models.captioners] + ([models.embedder.model] if models.embedder else [])
+    built = ensure_tiny_models(paths)
+    for p in built:
+        print(f"built {p}")
+    if not built:
+        print("all tiny models present (models that are not tiny-* folders are loaded by name)")
+    for c in models.captioners:
+        print(f"captioner {c.captioner_id()}: {c.model}")
+    if models.embedder:
+        print(f"embedder {models.embedder.embedder_id()}: {models.embedder.model}")
+    return 0
+
+
 def cmd_discover(args: argparse.Namespace) -> int:
     """Discover new files and register their batch partitions."""
     from prx_assets.defs.ingest import discover_batches
-    from prx_assets.defs.partitions import raw_batches
 
     instance = _instance()
     reports = discover_batches(_root(), load_sources(), only=args.source)
-    new = register_batches(instance, reports, raw_batches.name or "raw_batches")
+    new = register_partitions(instance, reports)
     for r in reports:
         changed = f", {r['changed_units']} changed (not re-batched)" if r["changed_units"] else ""
         print(f"{r['source']}: {r['new_units']} new units -> {len(r['new_batches'])} new batches "
@@ -93,7 +138,8 @@ def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | N
     if select:
         chosen = dg.AssetSelection.from_string(select).resolve(graph)
         order = [k for k in order if k in chosen]
-    ctx = FingerprintContext(root=_root(), sources=load_sources(), instance=instance)
+    ctx = FingerprintContext(root=_root(), sources=load_sources(), instance=instance,
+                             models=_models_config())
     plan: list[tuple[dg.AssetKey, str | None]] = []
     for key in order:
         asset_def = defs.resolve_assets_def(key)
@@ -118,10 +164,14 @@ def _result_line(result: dg.ExecuteInProcessResult) -> str:
             parts.append(f"{md['dagster/row_count'].value} rows")
         if "rejected" in md:
             parts.append(f"{md['rejected'].value} rejected")
+        if "computed" in md:
+            parts.append(f"{md['computed'].value} computed, {md['reused_same_content'].value} reused")
         if "lance_version" in md:
             parts.append(f"lance v{md['lance_version'].value}")
     for ev in result.get_asset_check_evaluations():
-        parts.append(f"check {ev.check_name}: {'passed' if ev.passed else 'FAILED'}")
+        verdict = "passed" if ev.passed else ("FAILED" if ev.severity == dg.AssetCheckSeverity.ERROR
+                                              else "warning")
+        parts.append(f"check {ev.check_name}: {verdict}")
     return ", ".join(parts)
 
 
@@ -142,11 +192,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Materialize missing or stale partitions in dependency order."""
     from prx_assets.definitions import defs
     from prx_assets.defs.ingest import discover_batches
-    from prx_assets.defs.partitions import raw_batches
 
     instance = _instance()
     reports = discover_batches(_root(), load_sources())
-    register_batches(instance, reports, raw_batches.name or "raw_batches")
+    register_partitions(instance, reports)
     plan = plan_run(defs, instance, args.select)
     if not plan:
         print("everything is up to date")
@@ -192,6 +241,16 @@ def table_summary(root: DataRoot) -> dict[str, Any]:
             "lance_version": images.version,
             "uri": images.uri,
         }
+    captions = open_table(table_uri(root, CAPTIONS_TABLE), root.storage_options())
+    if captions is not None:
+        t = captions.to_table(columns=["captioner_id"])
+        out["captions"] = {"rows": t.num_rows, "lance_version": captions.version,
+                           "by_captioner": dict(sorted(Counter(t.column("captioner_id").to_pylist()).items()))}
+    for rel in sorted({p.split("/")[1] for p in root.list("lance") if p.split("/")[1].startswith("embeddings_")}):
+        ds = open_table(root.join("lance", rel), root.storage_options())
+        if ds is not None:
+            out.setdefault("embeddings", {})[rel.removesuffix(".lance")] = {
+                "rows": ds.count_rows(), "dim": ds.schema.field("embedding").type.list_size}
     rejects = open_table(table_uri(root, REJECTS_TABLE), root.storage_options())
     if rejects is not None:
         t = rejects.to_table(columns=["reason"])
@@ -250,6 +309,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  wrote {dict(summary.files)}; {len(summary.broken)} deliberately broken inputs")
     else:
         print(f"demo corpus already present under {root.join('demo')}")
+    cmd_models(args)
     rc = cmd_run(argparse.Namespace(select=None, dry_run=False, verbose=args.verbose))
     print("\nsummary:")
     print(json.dumps(table_summary(root), indent=2))
@@ -265,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--regenerate", action="store_true", help="rewrite the demo corpus")
     d.add_argument("-v", "--verbose", action="store_true", help="show Dagster run logs")
     d.set_defaults(fn=cmd_demo)
+    m = sub.add_parser("models", help="build the tiny offline models models.yaml points at")
+    m.set_defaults(fn=cmd_models)
     s = sub.add_parser("discover", help="find new files and register ingest-batch partitions")
     s.add_argument("--source", help="only this source")
     s.set_defaults(fn=cmd_discover)

@@ -8,12 +8,14 @@ resolve the data root and config when a run or sensor uses them.
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
+from prx_assets.defs.enrichment import caption_quality, image_embeddings, recaptions
 from prx_assets.defs.ingest import ingest_job, jpeg_q92_cycles, raw_batch_sensor, raw_images
+from prx_assets.resources.models import CaptionerResource, EmbedderResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 defs = dg.Definitions(
-    assets=[raw_images],
-    asset_checks=[jpeg_q92_cycles],
+    assets=[raw_images, recaptions, image_embeddings],
+    asset_checks=[jpeg_q92_cycles, caption_quality],
     jobs=[ingest_job],
     sensors=[raw_batch_sensor],
     resources={
@@ -21,5 +23,7 @@ defs = dg.Definitions(
         "project": ProjectConfigResource(),
         # Endpoint and credentials come from AWS_ENDPOINT_URL / AWS_* in the environment.
         "s3": S3Resource(),
+        "captioner": CaptionerResource(),
+        "embedder": EmbedderResource(),
     },
 )

@@ -17,6 +17,8 @@ import pytest
 from PIL import Image
 
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may reach a model hub
+os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
 
 
 def free_port() -> int:
@@ -128,3 +130,24 @@ def write_sources_yaml(config_dir: Path, body: str) -> Path:
     p = config_dir / "sources.yaml"
     p.write_text(body)
     return p
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Tiny random Qwen3-VL, SigLIP and Qwen3 text checkpoints, built once per session."""
+    from prx_assets.core.tiny_models import build_tiny_qwen3_text, build_tiny_qwen3_vl, build_tiny_siglip
+
+    base = tmp_path_factory.mktemp("models")
+    return {
+        "vl": str(build_tiny_qwen3_vl(base / "tiny-qwen3-vl")),
+        "siglip": str(build_tiny_siglip(base / "tiny-siglip")),
+        "text": str(build_tiny_qwen3_text(base / "tiny-qwen3-text")),
+    }
+
+
+@pytest.fixture
+def models_env(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Point the shipped models.yaml at the session's tiny models."""
+    monkeypatch.setenv("PRX_CAPTIONER_MODEL", tiny_models["vl"])
+    monkeypatch.setenv("PRX_EMBEDDER_MODEL", tiny_models["siglip"])
+    return tiny_models

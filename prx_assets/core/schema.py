@@ -60,3 +60,36 @@ def image_id(source: str, uri: str) -> str:
     '5b5d8d8b4c9b1a8f'  # doctest: +SKIP
     """
     return hashlib.blake2b(f"{source}\0{uri}".encode(), digest_size=8).hexdigest()
+
+CAPTIONS_TABLE = "captions"
+
+CAPTIONS_SCHEMA = pa.schema([
+    pa.field("image_id", pa.string(), nullable=False),
+    pa.field("captioner_id", pa.string(), nullable=False,
+             metadata={"doc": "<name>-<hash of model, prompt and generation settings>"}),
+    pa.field("batch", pa.string(), nullable=False),
+    pa.field("sha256", pa.string(), nullable=False, metadata={"doc": "of the captioned original"}),
+    pa.field("caption", pa.string(), nullable=False),
+    pa.field("tokens", pa.int32(), nullable=False),
+    pa.field("seconds", pa.float32(), nullable=False, metadata={"doc": "generation time per image"}),
+    pa.field("hit_max_tokens", pa.bool_(), nullable=False),
+    pa.field("model", pa.string(), nullable=False),
+])
+
+
+def embeddings_table(embedder_id: str) -> str:
+    """Name of the table holding one embedder's vectors (dimension is fixed per table)."""
+    return f"embeddings_{embedder_id}"
+
+
+def embeddings_schema(dim: int) -> pa.Schema:
+    """Schema of an embeddings table with ``dim``-dimensional vectors."""
+    return pa.schema([
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("embedder_id", pa.string(), nullable=False),
+        pa.field("batch", pa.string(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False,
+                 metadata={"doc": "L2-normalized image vector"}),
+        pa.field("model", pa.string(), nullable=False),
+    ])

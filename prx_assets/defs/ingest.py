@@ -17,7 +17,7 @@ from prx_assets.core.schema import IMAGES_TABLE
 from prx_assets.core.sources import reader_for
 from prx_assets.core.storage import DataRoot
 from prx_assets.core.table import open_table, table_uri
-from prx_assets.defs.partitions import raw_batches
+from prx_assets.defs.partitions import captioner_partitions, raw_batches
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
@@ -36,6 +36,8 @@ def raw_images_fingerprint(ctx: FingerprintContext, partition_key: str | None) -
         return ""
     source, _ = parse_batch_key(partition_key)
     manifest = load_manifest(ctx.root, partition_key)
+    if ctx.sources is None:
+        raise ValueError("raw_images fingerprints need the sources config")
     return digest(INGEST_CODE_VERSION, ctx.sources.get(source).fingerprint(), manifest.content_hash())
 
 
@@ -214,17 +216,33 @@ def raw_batch_sensor(context: dg.SensorEvaluationContext, storage: StorageResour
     """Discover new files in every source, add batch partitions, and launch their ingest.
 
     New files are grouped into new immutable batches (old batches are never touched);
-    each new partition gets one run (run key ``raw_images:<partition>``). The cursor
-    records the batch count per source.
+    each new partition gets one run (run key ``raw_images:<partition>``). Captioners added
+    to models.yaml are registered as ``captioners`` partitions. The cursor records the
+    batch count per source.
     """
     reports = discover_batches(storage.root(), project.sources(), s3_client=s3.get_client)
     existing = set(context.instance.get_dynamic_partitions(raw_batches.name or "raw_batches"))
     new_keys = [k for r in reports for k in r["all_batches"] if k not in existing]
+    requests = [raw_batches.build_add_request(new_keys)] if new_keys else []
+    known_captioners = set(context.instance.get_dynamic_partitions(captioner_partitions.name or "captioners"))
+    new_captioners = [c for c in configured_captioner_ids(project) if c not in known_captioners]
+    if new_captioners:
+        requests.append(captioner_partitions.build_add_request(new_captioners))
     cursor = json.dumps({r["source"]: r["batches"] for r in reports}, sort_keys=True)
     if not new_keys:
-        return dg.SensorResult(skip_reason="no new files in any source", cursor=cursor)
+        return dg.SensorResult(skip_reason="no new files in any source", cursor=cursor,
+                               dynamic_partitions_requests=requests)
     return dg.SensorResult(
         run_requests=[dg.RunRequest(partition_key=k, run_key=f"raw_images:{k}") for k in new_keys],
-        dynamic_partitions_requests=[raw_batches.build_add_request(new_keys)],
+        dynamic_partitions_requests=requests,
         cursor=cursor,
     )
+
+
+def configured_captioner_ids(project: ProjectConfigResource) -> list[str]:
+    """Captioner ids from models.yaml (none when the file does not exist)."""
+    import os
+
+    if not os.path.isfile(project.models_path()):
+        return []
+    return project.models().captioner_ids()

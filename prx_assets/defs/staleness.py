@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from prx_assets.core.config import SourcesConfig
+from prx_assets.core.models_config import ModelsConfig
 from prx_assets.core.storage import DataRoot
 
 FINGERPRINT_KEY = "prx/fingerprint"
@@ -24,8 +25,9 @@ class FingerprintContext:
     """What a fingerprint function may read."""
 
     root: DataRoot
-    sources: SourcesConfig
+    sources: SourcesConfig | None
     instance: dg.DagsterInstance | None = None
+    models: ModelsConfig | None = None
 
 
 FingerprintFn = Callable[[FingerprintContext, str | None], str]

@@ -5,6 +5,7 @@ import dagster as dg
 from pydantic import Field
 
 from prx_assets.core.config import SourcesConfig, config_dir, data_root, load_sources
+from prx_assets.core.models_config import ModelsConfig, load_models
 from prx_assets.core.storage import DataRoot, ObjectStoreSettings
 
 
@@ -33,6 +34,15 @@ class ProjectConfigResource(dg.ConfigurableResource):
         """Path of sources.yaml."""
         base = self.config_dir or str(config_dir())
         return f"{base.rstrip('/')}/sources.yaml"
+
+    def models_path(self) -> str:
+        """Path of models.yaml."""
+        base = self.config_dir or str(config_dir())
+        return f"{base.rstrip('/')}/models.yaml"
+
+    def models(self) -> ModelsConfig:
+        """Parse and validate models.yaml (captioners and embedder)."""
+        return load_models(self.models_path())
 
     def sources(self) -> SourcesConfig:
         """Parse and validate sources.yaml (raises ConfigError naming file, source, fix)."""

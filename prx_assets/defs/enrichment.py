@@ -1,0 +1,220 @@
+"""recaptions and image_embeddings: per-image model outputs for each ingest batch."""
+
+from typing import Any
+
+import dagster as dg
+
+from prx_assets.core.caption_quality import assess
+from prx_assets.core.enrichment import EnrichResult, enrich_batch
+from prx_assets.core.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
+from prx_assets.core.table import open_table, table_uri
+from prx_assets.defs.ingest import raw_images
+from prx_assets.defs.partitions import captioner_partitions, raw_batches, recaption_partitions
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FingerprintContext,
+    digest,
+    register_fingerprint,
+)
+from prx_assets.resources.models import CaptionerResource, EmbedderResource
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+RECAPTION_CODE_VERSION = "recaption-1"
+EMBEDDING_CODE_VERSION = "embedding-1"
+
+
+def split_recaption_key(key: str | dg.MultiPartitionKey) -> tuple[str, str]:
+    """``(batch, captioner_id)`` of a recaptions partition key (string or MultiPartitionKey)."""
+    mk = key if isinstance(key, dg.MultiPartitionKey) else \
+        recaption_partitions.get_partition_key_from_str(str(key))
+    dims = mk.keys_by_dimension
+    return dims["batch"], dims["captioner"]
+
+
+def _upstream_version(ctx: FingerprintContext, batch: str) -> str:
+    if ctx.instance is None:
+        return ""
+    rec = ctx.instance.get_latest_data_version_record(dg.AssetKey("raw_images"), partition_key=batch)
+    if rec is None or rec.asset_materialization is None:
+        return ""
+    return rec.asset_materialization.tags.get("dagster/data_version", "")
+
+
+def recaptions_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + captioner id + the upstream batch's data version."""
+    batch, captioner_id = split_recaption_key(partition_key or "")
+    return digest(RECAPTION_CODE_VERSION, captioner_id, _upstream_version(ctx, batch))
+
+
+def embeddings_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + embedder id + the upstream batch's data version."""
+    models = ctx.models
+    embedder_id = models.embedder.embedder_id() if models and models.embedder else ""
+    return digest(EMBEDDING_CODE_VERSION, embedder_id, _upstream_version(ctx, partition_key or ""))
+
+
+register_fingerprint("recaptions", recaptions_fingerprint)
+register_fingerprint("image_embeddings", embeddings_fingerprint)
+
+
+def _data_version(context: dg.AssetExecutionContext, res: EnrichResult) -> dg.DataVersion:
+    if not res.changed:  # nothing written: keep the previous version so nothing looks stale
+        prev = context.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=context.asset_key, asset_partitions=[context.partition_key]),
+            limit=1)
+        if prev.records and prev.records[0].asset_materialization is not None:
+            tag = prev.records[0].asset_materialization.tags.get("dagster/data_version")
+            if tag:
+                return dg.DataVersion(tag)
+    return dg.DataVersion(str(res.version if res.version is not None else 0))
+
+
+def _enrich_metadata(res: EnrichResult, uri: str, fingerprint: str) -> dict[str, Any]:
+    return {
+        "dagster/row_count": dg.MetadataValue.int(res.written),
+        "images_in_batch": res.images,
+        "missing_before": res.missing,
+        "computed": res.computed,
+        "reused_same_content": res.reused,
+        "lance_uri": dg.MetadataValue.path(uri),
+        "lance_version": res.version if res.version is not None else -1,
+        "seconds": round(res.seconds, 3),
+        "model_seconds": round(res.compute_seconds, 3),
+        "images_per_second": round(res.computed / res.compute_seconds, 3) if res.compute_seconds else 0.0,
+        FINGERPRINT_KEY: dg.MetadataValue.text(fingerprint),
+    }
+
+
+@dg.asset(
+    partitions_def=recaption_partitions,
+    deps=[raw_images],  # each (batch, captioner) partition reads the raw_images batch partition
+    group_name="enrichment",
+    kinds={"pytorch", "lance"},
+    code_version=RECAPTION_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "recaption"},
+)
+def recaptions(context: dg.AssetExecutionContext, storage: StorageResource, project: ProjectConfigResource,
+               captioner: CaptionerResource) -> dg.MaterializeResult:
+    """VLM captions of one ingest batch by one captioner (partition ``batch|captioner``).
+
+    Captions are stored per image and captioner id (model + prompt + generation
+    settings) in the Lance ``captions`` table with token count and timing; several
+    captioners coexist. Incremental: only images without a caption from this captioner
+    for their current content are processed; identical images are captioned once. A run
+    with nothing missing loads no model and writes nothing.
+    """
+    batch, captioner_id = split_recaption_key(context.partition_key)
+    models = project.models()
+    spec = models.captioner(captioner_id)
+    root = storage.root()
+
+    def factory() -> Any:
+        loaded = captioner.load(spec)
+        context.log.info(f"loaded captioner {captioner_id} ({spec.model}) on {getattr(loaded, 'device', '?')}")
+
+        def compute(images: Any) -> list[dict[str, Any]]:
+            return [{"caption": r.text, "tokens": r.tokens, "seconds": r.seconds,
+                     "hit_max_tokens": r.hit_max_tokens, "model": spec.model}
+                    for r in loaded.caption(images)]
+        return compute
+
+    res = enrich_batch(root, batch, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", captioner_id,
+                       ["caption", "tokens", "seconds", "hit_max_tokens", "model"], factory,
+                       chunk=max(1, captioner.effective(spec).batch_size) * 4,
+                       progress=lambda d, t: context.log.debug(f"{d}/{t} captioned"))
+    context.log.info(f"{context.partition_key}: {res.summary()}")
+    fp = recaptions_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance,
+                                                   models=models), context.partition_key)
+    md = _enrich_metadata(res, table_uri(root, CAPTIONS_TABLE), fp)
+    md["captioner_id"] = captioner_id
+    md["model"] = spec.model
+    md["prompt"] = dg.MetadataValue.text(spec.prompt)
+    return dg.MaterializeResult(metadata=md, data_version=_data_version(context, res))
+
+
+@dg.asset_check(asset=recaptions, partitions_def=recaption_partitions, blocking=False)
+def caption_quality(context: dg.AssetCheckExecutionContext, storage: StorageResource,
+                    captioner: CaptionerResource) -> dg.AssetCheckResult:
+    """Flags empty, too short, truncated (hit max tokens) and degenerate (repetition loop)
+    captions of the partition; reports a caption-length histogram and examples. Warns when
+    the flagged share exceeds ``max_flagged_fraction``."""
+    batch, captioner_id = split_recaption_key(context.partition_key)
+    root = storage.root()
+    ds = open_table(table_uri(root, CAPTIONS_TABLE), root.storage_options())
+    rows = [] if ds is None else ds.to_table(
+        columns=["caption", "hit_max_tokens"],
+        filter=f"batch = '{batch}' AND captioner_id = '{captioner_id}'").to_pylist()
+    rep = assess([(r["caption"], r["hit_max_tokens"]) for r in rows], min_words=captioner.min_words)
+    md = rep.to_metadata()
+    hist = "\n".join(["| words | captions |", "|---|---|"] +
+                     [f"| {k} | {v} |" for k, v in md["length_histogram_words"].items()])
+    examples = "\n".join(f"- **{flag}**: `{ex!r}`" for flag, exs in md["examples"].items() for ex in exs)
+    passed = rep.flagged_fraction <= captioner.max_flagged_fraction
+    return dg.AssetCheckResult(
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=None if passed else (
+            f"{rep.flagged} of {rep.total} captions flagged ({rep.flagged_fraction:.0%}) "
+            f"> {captioner.max_flagged_fraction:.0%}: {dict(md['counts'])}"),
+        metadata={
+            "captions": rep.total,
+            "flagged": rep.flagged,
+            "flagged_fraction": md["flagged_fraction"],
+            "flag_counts": dg.MetadataValue.json(md["counts"]),
+            "mean_words": md["mean_words"],
+            "length_histogram": dg.MetadataValue.md(hist),
+            "examples": dg.MetadataValue.md(examples or "none flagged"),
+        },
+    )
+
+
+@dg.asset(
+    partitions_def=raw_batches,
+    deps=[raw_images],
+    group_name="enrichment",
+    kinds={"pytorch", "lance"},
+    code_version=EMBEDDING_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "embed"},
+)
+def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource,
+                     project: ProjectConfigResource, embedder: EmbedderResource) -> dg.MaterializeResult:
+    """Image vectors of one ingest batch from the embedder in models.yaml (SigLIP/CLIP).
+
+    L2-normalized float32 vectors per image and embedder id, in the Lance table
+    ``embeddings_<embedder id>``, for vector search and semantic dedup. Incremental, and
+    identical images share one vector.
+    """
+    models = project.models()
+    if models.embedder is None:
+        raise dg.Failure(f"no embedder configured in {models.path}; add embedder: {{model: ...}}")
+    spec = models.embedder
+    embedder_id = spec.embedder_id()
+    root = storage.root()
+    loaded: dict[str, Any] = {}
+
+    def factory() -> Any:
+        model = embedder.load(spec)
+        loaded["dim"] = model.dim
+
+        def compute(images: Any) -> list[dict[str, Any]]:
+            return [{"embedding": v.tolist(), "model": spec.model} for v in model.embed(images)]
+        return compute
+
+    name = embeddings_table(embedder_id)
+    existing = open_table(table_uri(root, name), root.storage_options())
+    dim = existing.schema.field("embedding").type.list_size if existing is not None else \
+        embedder.load(spec).dim
+    res = enrich_batch(root, context.partition_key, name, embeddings_schema(dim), "embedder_id",
+                       embedder_id, ["embedding", "model"], factory, chunk=max(1, spec.batch_size))
+    fp = embeddings_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance,
+                                                   models=models), context.partition_key)
+    md = _enrich_metadata(res, table_uri(root, name), fp)
+    md["embedder_id"] = embedder_id
+    md["model"] = spec.model
+    md["dim"] = dim
+    return dg.MaterializeResult(metadata=md, data_version=_data_version(context, res))
+
+
+__all__ = ["caption_quality", "captioner_partitions", "image_embeddings", "recaptions"]

@@ -1,0 +1,125 @@
+"""Captioners through the real processor/generate path on a tiny random Qwen3-VL."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from prx_assets.core.captions import CaptionerSpec, ModelLoadError, TransformersCaptioner, load_captioner
+from prx_assets.core.embeddings import EmbedderSpec, ImageEmbedder
+from tests.conftest import photo
+
+
+def mixed_images() -> list[Image.Image]:
+    return [photo(320, 240, 1), photo(96, 300, 2), photo(640, 360, 3), Image.new("RGB", (64, 64), "red"),
+            photo(150, 150, 4)]
+
+
+def test_captioner_id_tracks_what_changes_the_words(tiny_models: dict[str, str], tmp_path: Path) -> None:
+    base = CaptionerSpec(name="detailed", model=tiny_models["vl"])
+    assert base.captioner_id().startswith("detailed-")
+    same = [CaptionerSpec(name="detailed", model=tiny_models["vl"], batch_size=32, dtype="bfloat16",
+                          backend="vllm")]
+    moved = tmp_path / "elsewhere" / "tiny-qwen3-vl"
+    shutil.copytree(tiny_models["vl"], moved)
+    same.append(CaptionerSpec(name="detailed", model=str(moved)))
+    same.append(CaptionerSpec(name="detailed", model=tiny_models["vl"], temperature=0.3))  # greedy ignores it
+    assert {s.captioner_id() for s in same} == {base.captioner_id()}
+    different = [CaptionerSpec(name="detailed", model=tiny_models["vl"], prompt="Say hi."),
+                 CaptionerSpec(name="detailed", model=tiny_models["vl"], max_new_tokens=9),
+                 CaptionerSpec(name="detailed", model=tiny_models["vl"], do_sample=True),
+                 CaptionerSpec(name="detailed", model="Qwen/Qwen3-VL-8B-Instruct")]
+    assert len({d.captioner_id() for d in different} | {base.captioner_id()}) == 5
+
+
+def test_batched_captions_equal_one_by_one_and_see_the_image(tiny_models: dict[str, str]) -> None:
+    cap = TransformersCaptioner(CaptionerSpec(name="t", model=tiny_models["vl"], max_new_tokens=20, batch_size=5))
+    assert cap.processor.tokenizer.padding_side == "left"
+    images = mixed_images()
+    batched = cap.caption(images)
+    single = [cap.caption([im])[0] for im in images]
+    assert [r.text for r in batched] == [r.text for r in single]
+    assert [r.tokens for r in batched] == [r.tokens for r in single]
+    assert all(r.tokens > 0 and r.seconds > 0 for r in batched)
+    # The image reaches the model: different pictures give different captions.
+    assert len({r.text for r in batched}) >= 3
+
+
+def test_fixed_output_length(tiny_models: dict[str, str]) -> None:
+    cap = TransformersCaptioner(CaptionerSpec(name="t", model=tiny_models["vl"], max_new_tokens=7,
+                                              min_new_tokens=7, batch_size=2))
+    out = cap.caption(mixed_images()[:3])
+    assert [r.tokens for r in out] == [7, 7, 7] and all(r.hit_max_tokens for r in out)
+
+
+def test_out_of_memory_halves_the_batch(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    cap = TransformersCaptioner(CaptionerSpec(name="t", model=tiny_models["vl"], max_new_tokens=8, batch_size=4))
+    images = mixed_images()
+    expected = [cap.caption([im])[0].text for im in images]
+    real = cap._generate
+    sizes: list[int] = []
+
+    def flaky(chunk: list[Image.Image]) -> list:
+        sizes.append(len(chunk))
+        if len(chunk) > 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(chunk)
+
+    monkeypatch.setattr(cap, "_generate", flaky)
+    assert [r.text for r in cap.caption(images)] == expected
+    assert sizes[:3] == [4, 2, 1]
+    monkeypatch.setattr(cap, "_generate", lambda chunk: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        cap.caption(images)
+
+
+def test_missing_path_non_vlm_and_bare_processor_fail_clearly(tiny_models: dict[str, str], tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"captioner model path '/nope/tiny' does not exist.*prx-assets models"):
+        load_captioner(CaptionerSpec(name="t", model="/nope/tiny"))
+    with pytest.raises(ModelLoadError, match=r"'qwen3' checkpoint without a vision tower.*Qwen3-VL"):
+        load_captioner(CaptionerSpec(name="t", model=tiny_models["text"]))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match=r"has no config.json"):
+        load_captioner(CaptionerSpec(name="t", model=str(tmp_path / "empty")))
+    stripped = tmp_path / "no-processor"
+    shutil.copytree(tiny_models["vl"], stripped)
+    for f in ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json"):
+        (stripped / f).unlink(missing_ok=True)
+    with pytest.raises(ModelLoadError, match=r"cannot load the processor .*preprocessor_config.json"):
+        load_captioner(CaptionerSpec(name="t", model=str(stripped)))
+
+
+def test_bare_tokenizer_processor_is_refused(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without torchvision, AutoProcessor silently returns a tokenizer; generate would never see the image.
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained",
+                        lambda *a, **k: transformers.AutoTokenizer.from_pretrained(tiny_models["vl"]))
+    with pytest.raises(ModelLoadError, match=r"returned a bare .*Tokenizer.*torchvision"):
+        load_captioner(CaptionerSpec(name="t", model=tiny_models["vl"]))
+
+
+def test_vllm_backend_is_optional() -> None:
+    pytest.importorskip("PIL")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ModelLoadError, match=r"pip install 'prx_assets\[vllm\]'"):
+            load_captioner(CaptionerSpec(name="t", model="Qwen/Qwen3-VL-8B-Instruct", backend="vllm"))
+    else:  # pragma: no cover - only on machines with vLLM
+        pytest.skip("vLLM installed: covered by the GPU bench script")
+
+
+def test_embeddings_shape_norm_and_determinism(tiny_models: dict[str, str]) -> None:
+    emb = ImageEmbedder(EmbedderSpec(model=tiny_models["siglip"], batch_size=3))
+    images = mixed_images()
+    v = emb.embed(images)
+    assert v.shape == (5, emb.dim) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    again = emb.embed([images[2]])
+    assert np.allclose(again[0], v[2], atol=1e-6)
+    assert not np.allclose(v[0], v[1])
+    with pytest.raises(ModelLoadError, match="get_image_features"):
+        ImageEmbedder(EmbedderSpec(model=tiny_models["text"]))
