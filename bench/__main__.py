@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("ingest",)
+BENCHES = ("ingest", "captions")
 
 
 def main(argv: list[str]) -> int:

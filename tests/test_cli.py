@@ -16,7 +16,8 @@ REPO = Path(__file__).parents[1]
 
 
 @pytest.fixture
-def small_demo(tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def small_demo(tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch,
+               models_env: dict[str, str]) -> Path:
     generate_demo_corpus(DataRoot(str(data_root)), n_photos=20, n_catalog=10, n_web=8)
     config = tmp_path / "config"
     shutil.copytree(REPO / "config", config)
@@ -34,7 +35,12 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     assert main(["run"]) == 0
     out = capsys.readouterr().out
     n = int(out.split(" partitions to materialize")[0].split()[-1])
-    assert f"[{n}/{n}] raw_images" in out and "FAILED" not in out
+    assert f"[{n}/{n}] " in out and "FAILED" not in out
+    ran = [line.split()[1] for line in out.splitlines() if line.startswith("[")]
+    # 3 sources, one batch each at this size; 2 captioners; one embedder.
+    assert ran.count("raw_images") == 3 and ran.count("recaptions") == 6
+    assert ran.count("image_embeddings") == 3
+    assert ran.index("recaptions") > max(i for i, a in enumerate(ran) if a == "raw_images")
     assert "check jpeg_q92_cycles: passed" in out
 
     assert main(["run"]) == 0
@@ -49,6 +55,8 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     out = capsys.readouterr().out
     ran = [line for line in out.splitlines() if line.startswith("[")]
     assert ran and all("webshards-" in line for line in ran)
+    # Captions depend on the original content (sha256), which did not change: none recomputed.
+    assert all("0 computed" in line for line in ran if "recaptions" in line)
 
     with dg.DagsterInstance.get() as instance:
         runs = instance.get_runs()

@@ -33,8 +33,8 @@ def batch(tmp_path: Path) -> tuple[DataRoot, str, Path]:
     return root, "photos-00001", folder
 
 
-def caption_factory(model: str, calls: list[int], **kw: object):  # noqa: ANN201
-    def factory():  # noqa: ANN202
+def caption_factory(model: str, calls: list[int], **kw: object):
+    def factory():
         calls.append(1)
         cap = TransformersCaptioner(CaptionerSpec(name="t", model=model, max_new_tokens=10, batch_size=4, **kw))
         return lambda images: [{"caption": r.text, "tokens": r.tokens, "seconds": r.seconds,
@@ -51,7 +51,7 @@ def captions(root: DataRoot, key: str) -> dict[str, str]:
     return dict(zip(t.column("image_id").to_pylist(), t.column("caption").to_pylist(), strict=True))
 
 
-def test_incremental_skip_and_no_model_load_when_nothing_missing(batch, tiny_models) -> None:  # noqa: ANN001
+def test_incremental_skip_and_no_model_load_when_nothing_missing(batch, tiny_models) -> None:
     root, key, _ = batch
     calls: list[int] = []
     res = enrich_batch(root, key, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", "a-1", PAYLOAD,
@@ -64,7 +64,7 @@ def test_incremental_skip_and_no_model_load_when_nothing_missing(batch, tiny_mod
     assert calls == [1] and again.version == res.version
 
 
-def test_duplicates_share_one_caption_and_two_captioners_coexist(batch, tiny_models) -> None:  # noqa: ANN001
+def test_duplicates_share_one_caption_and_two_captioners_coexist(batch, tiny_models) -> None:
     root, key, _ = batch
     calls: list[int] = []
     enrich_batch(root, key, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", "a-1", PAYLOAD,
@@ -83,7 +83,7 @@ def test_duplicates_share_one_caption_and_two_captioners_coexist(batch, tiny_mod
                             for f in f.data_files()}
 
 
-def test_changed_content_is_recomputed(batch, tiny_models) -> None:  # noqa: ANN001
+def test_changed_content_is_recomputed(batch, tiny_models) -> None:
     root, key, folder = batch
     calls: list[int] = []
     enrich_batch(root, key, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", "a-1", PAYLOAD,
@@ -99,12 +99,12 @@ def test_changed_content_is_recomputed(batch, tiny_models) -> None:  # noqa: ANN
     assert lance.dataset(table_uri(root, CAPTIONS_TABLE)).count_rows() == 5
 
 
-def test_embeddings_identical_images_identical_vectors(batch, tiny_models) -> None:  # noqa: ANN001
+def test_embeddings_identical_images_identical_vectors(batch, tiny_models) -> None:
     root, key, _ = batch
     emb = ImageEmbedder(EmbedderSpec(model=tiny_models["siglip"]))
     name = embeddings_table("s-1")
 
-    def factory():  # noqa: ANN202
+    def factory():
         return lambda images: [{"embedding": v.tolist(), "model": "tiny"} for v in emb.embed(images)]
 
     res = enrich_batch(root, key, name, embeddings_schema(emb.dim), "embedder_id", "s-1",

@@ -1,0 +1,92 @@
+"""recaptions and image_embeddings through Dagster, with the caption_quality check."""
+
+from pathlib import Path
+
+import dagster as dg
+import lance
+import pytest
+
+from prx_assets.definitions import defs
+from prx_assets.defs.enrichment import caption_quality, image_embeddings, recaptions
+from prx_assets.defs.ingest import jpeg_q92_cycles, raw_batch_sensor, raw_images
+from prx_assets.resources.models import CaptionerResource, EmbedderResource
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+from tests.conftest import write_folder_corpus, write_sources_yaml
+
+ALL = [raw_images, jpeg_q92_cycles, recaptions, caption_quality, image_embeddings]
+
+
+@pytest.fixture
+def project(tmp_path: Path, data_root: Path, tiny_models: dict[str, str]) -> dict:
+    write_folder_corpus(tmp_path / "incoming", n=4, broken=False)
+    cfg = write_sources_yaml(tmp_path / "config", f"""
+sources:
+  - {{name: photos, kind: folder, path: {tmp_path / "incoming"}, batch_size: 100}}
+""")
+    (cfg.parent / "models.yaml").write_text(f"""
+captioners:
+  - {{name: detailed, model: {tiny_models["vl"]}, max_new_tokens: 12, batch_size: 4}}
+  - {{name: short, model: {tiny_models["vl"]}, prompt: "One sentence.", max_new_tokens: 6}}
+embedder: {{model: {tiny_models["siglip"]}, batch_size: 8}}
+""")
+    resources = {
+        "storage": StorageResource(data_root=str(data_root)),
+        "project": ProjectConfigResource(config_dir=str(cfg.parent)),
+        "s3": defs.resources["s3"],
+        "captioner": CaptionerResource(device="cpu"),
+        "embedder": EmbedderResource(device="cpu"),
+    }
+    return {"resources": resources, "root": data_root, "config": cfg.parent}
+
+
+def test_recaptions_per_captioner_and_embeddings(project: dict) -> None:
+    r = project["resources"]
+    with dg.instance_for_test() as instance:
+        result = raw_batch_sensor(dg.build_sensor_context(instance=instance, resources=r))
+        for req in result.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        captioners = instance.get_dynamic_partitions("captioners")
+        assert len(captioners) == 2 and all(c.startswith(("detailed-", "short-")) for c in captioners)
+        assert dg.materialize(ALL, selection=["raw_images"], instance=instance, resources=r,
+                              partition_key="photos-00001").success
+
+        versions = {}
+        for cid in captioners:
+            key = dg.MultiPartitionKey({"batch": "photos-00001", "captioner": cid})
+            res = dg.materialize(ALL, selection=["recaptions"], instance=instance, resources=r,
+                                 partition_key=key)
+            assert res.success
+            md = res.asset_materializations_for_node("recaptions")[0].metadata
+            assert md["computed"].value == 4 and md["captioner_id"].value == cid
+            versions[cid] = res.asset_materializations_for_node("recaptions")[0].tags["dagster/data_version"]
+            (check,) = res.get_asset_check_evaluations()
+            assert check.check_name == "caption_quality" and check.metadata["captions"].value == 4
+            assert check.severity == dg.AssetCheckSeverity.WARN
+
+        t = lance.dataset(str(project["root"] / "lance" / "captions.lance")).to_table()
+        assert t.num_rows == 8 and set(t.column("captioner_id").to_pylist()) == set(captioners)
+
+        # Re-running is a no-op: nothing computed, nothing written, data version unchanged.
+        key = dg.MultiPartitionKey({"batch": "photos-00001", "captioner": captioners[0]})
+        res = dg.materialize(ALL, selection=["recaptions"], instance=instance, resources=r, partition_key=key)
+        mat = res.asset_materializations_for_node("recaptions")[0]
+        assert mat.metadata["computed"].value == 0 and mat.metadata["dagster/row_count"].value == 0
+        assert mat.tags["dagster/data_version"] == versions[captioners[0]]
+
+        res = dg.materialize(ALL, selection=["image_embeddings"], instance=instance, resources=r,
+                             partition_key="photos-00001")
+        md = res.asset_materializations_for_node("image_embeddings")[0].metadata
+        assert md["computed"].value == 4 and md["dim"].value == 32
+
+
+def test_unknown_captioner_partition_names_the_configured_ids(project: dict) -> None:
+    r = project["resources"]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("raw_batches", ["photos-00001"])
+        instance.add_dynamic_partitions("captioners", ["gone-12345678"])
+        key = dg.MultiPartitionKey({"batch": "photos-00001", "captioner": "gone-12345678"})
+        res = dg.materialize(ALL, selection=["recaptions"], instance=instance, resources=r,
+                             partition_key=key, raise_on_error=False)
+        assert not res.success
+        text = " ".join(str(e.step_failure_data.error) for e in res.all_events if e.is_step_failure)
+        assert "no captioner with id 'gone-12345678'" in text and "detailed-" in text
