@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -90,7 +91,7 @@ class QualityReport:
 
 
 def _bin(n: int) -> str:
-    for lo, hi in zip(LENGTH_BINS, LENGTH_BINS[1:], strict=False):
+    for lo, hi in itertools.pairwise(LENGTH_BINS):
         if lo <= n < hi:
             return f"{lo}-{hi - 1}"
     return f"{LENGTH_BINS[-1]}+"
