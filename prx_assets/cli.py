@@ -7,6 +7,7 @@ Verbs:
 - ``discover``   find new files in every source and register ingest-batch partitions
 - ``run``        materialize, in-process and in dependency order, every missing or stale
                  partition of the selected assets (all by default), with progress
+- ``query``      filter, vector or full-text search the lab, at any version, with plans
 - ``status``     sources, batches and which partitions are materialized
 - ``rejects``    list rejected files with their reasons
 
@@ -296,6 +297,45 @@ def cmd_rejects(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cell(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return f"<{len(v)} bytes>"
+    if isinstance(v, list) and len(v) > 4:
+        return [round(x, 4) if isinstance(x, float) else x for x in v[:4]] + ["..."]
+    if isinstance(v, float):
+        return round(v, 4)
+    return v
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    """Query the lab and print rows as a table or JSON lines."""
+    from prx_assets.core.query import open_lab, query, versions
+
+    ds = open_lab(_root(), version=args.version, tag=args.tag)
+    if args.versions:
+        for v in versions(ds):
+            print(json.dumps(v))
+        return 0
+    cols = [c.strip() for c in args.columns.split(",")] if args.columns else None
+    res = query(ds, where=args.where, columns=cols, limit=args.limit, near=args.near, k=args.k,
+                text=args.text, explain=args.explain)
+    if args.explain:
+        print(res.plan)
+        print(json.dumps(res.stats))
+    rows = [{k: _cell(v) for k, v in r.items()} for r in res.table.to_pylist()]
+    if args.json:
+        for r in rows:
+            print(json.dumps(r, default=str))
+    elif rows:
+        names = list(rows[0])
+        widths = {n: min(48, max(len(n), *(len(str(r[n])) for r in rows))) for n in names}
+        print("  ".join(n.ljust(widths[n]) for n in names))
+        for r in rows:
+            print("  ".join(str(r[n])[:48].ljust(widths[n]) for n in names))
+    print(f"{len(rows)} rows (version {ds.version})", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Generate the demo corpus (if absent) and run the whole graph."""
     from prx_assets.core.demo_corpus import generate_demo_corpus
@@ -335,6 +375,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="only list what would run")
     r.add_argument("-v", "--verbose", action="store_true", help="show Dagster run logs")
     r.set_defaults(fn=cmd_run)
+    q = sub.add_parser("query", help="query the lab (filters, --near, --text, --version/--tag, --explain)")
+    q.add_argument("--where", help="SQL predicate, e.g. \"width >= 1024 AND source = 'photos'\"")
+    q.add_argument("--columns", help="comma-separated columns (default: id, source, size, bucket, uri)")
+    q.add_argument("--limit", type=int, default=20)
+    q.add_argument("--near", metavar="IMAGE_ID", help="nearest images by embedding")
+    q.add_argument("-k", type=int, default=10, help="neighbours for --near")
+    q.add_argument("--text", help="full-text query over a caption column")
+    q.add_argument("--version", type=int, help="read this Lance version")
+    q.add_argument("--tag", help="read the version with this tag (e.g. published)")
+    q.add_argument("--explain", action="store_true", help="print the plan and rows/bytes read")
+    q.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    q.add_argument("--versions", action="store_true", help="list versions and tags")
+    q.set_defaults(fn=cmd_query)
     st = sub.add_parser("status", help="sources, batches and table summary")
     st.set_defaults(fn=cmd_status)
     rj = sub.add_parser("rejects", help="list rejected files with reasons")

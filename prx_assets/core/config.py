@@ -235,11 +235,10 @@ def _resolve_location(raw: str, kind: str, config_path: Path, where: str) -> str
                               entry=where, fix="write uri: s3://bucket/prefix")
         return value.rstrip("/") + "/"
     if "://" in value:
-        if kind == "folder":
-            raise ConfigError(f"a folder source needs a filesystem path, got {value!r}",
-                              path=str(config_path), entry=where,
-                              fix="use kind: s3 for object-store prefixes")
-        return value
+        if not value.startswith("s3://"):
+            raise ConfigError(f"unsupported URI scheme in {value!r}", path=str(config_path), entry=where,
+                              fix="use a filesystem path or an s3:// URI")
+        return value.rstrip("/") + "/" if kind == "folder" else value
     p = Path(value).expanduser()
     if not p.is_absolute():
         p = (config_path.parent / p).resolve()
@@ -320,6 +319,8 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
         if isinstance(carry, str) or not all(isinstance(c, str) for c in carry):
             raise ConfigError(f"carry={carry!r} must be a list of field names", path=spath,
                               entry=where, fix="write carry: [license, url]")
+        if kind == "folder" and loc_is_s3(raw, kind):
+            kind = "s3"  # a folder on an object store is a prefix
         sources.append(SourceConfig(
             name=name,
             kind=kind,
@@ -335,6 +336,15 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
             ingest=_parse_ingest(raw.get("ingest"), base, where, spath),
         ))
     return SourcesConfig(path=spath, sources=tuple(sources), ingest=base)
+
+
+def loc_is_s3(raw: Mapping[str, Any], kind: str) -> bool:
+    """True when a source's location expands to an s3:// URI."""
+    loc = raw.get("uri") if kind == "s3" else raw.get("path", raw.get("uri"))
+    try:
+        return expand_env(str(loc)).startswith("s3://")
+    except KeyError:
+        return False
 
 
 def bucket_ratios(buckets: tuple[str, ...]) -> list[tuple[str, float]]:

@@ -23,7 +23,6 @@ import hashlib
 import io
 import math
 import re
-import warnings
 import zlib
 from dataclasses import dataclass
 from enum import Enum
@@ -113,9 +112,7 @@ def open_header(data: bytes, settings: IngestSettings) -> Image.Image:
         raise ImageRejected(RejectReason.EMPTY, "zero-byte file")
     sniffed = sniff_format(data)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(data))
+        im = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
         # Pillow's own guard (2x Image.MAX_IMAGE_PIXELS) fires inside Image.open, before ours.
         m = re.search(r"\((\d+) pixels\)", str(e))

@@ -200,7 +200,17 @@ class S3PrefixReader(SourceReader):
 
     def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
         uri = unit.key
-        yield SourceItem(uri=uri, fetch=lambda: self.read_uri(uri), license=self.config.license)
+        yield SourceItem(uri=uri, fetch=lambda: self.read_uri(uri), license=self.config.license,
+                         caption=self._sidecar_caption(uri))
+
+    def _sidecar_caption(self, uri: str) -> str | None:
+        if not self.config.caption_field:
+            return None
+        side = uri.rsplit(".", 1)[0] + "." + self.config.caption_field.lstrip(".")
+        try:
+            return self.read_uri(side).decode("utf-8").strip()
+        except Exception:  # no sidecar object (NoSuchKey) or undecodable: no caption
+            return None
 
     def read_uri(self, uri: str) -> bytes:
         bucket, key = split_s3(uri)

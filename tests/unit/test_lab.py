@@ -1,0 +1,183 @@
+"""The lab: schema evolution without rewriting image data, indexes and pushdown, vector and
+full-text search, time travel, tags, maintenance, and clear errors for bad queries."""
+
+from datetime import timedelta
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from prx_assets.core.batches import discover, load_manifests
+from prx_assets.core.config import IngestSettings, SourceConfig
+from prx_assets.core.ingest import ingest_batch
+from prx_assets.core.lab import PUBLISHED_TAG, caption_column, embedding_column, sync_lab
+from prx_assets.core.maintenance import maintain
+from prx_assets.core.query import QueryError, open_lab, query
+from prx_assets.core.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
+from prx_assets.core.sources import reader_for
+from prx_assets.core.storage import DataRoot
+from prx_assets.core.table import open_or_create, table_uri
+from tests.conftest import write_folder_corpus
+
+DIM = 16
+
+
+def build(root: DataRoot, folder: Path, n: int = 12, batch_size: int = 4) -> list[dict]:
+    write_folder_corpus(folder, n=n, broken=False)
+    cfg = SourceConfig(name="photos", kind="folder", location=str(folder), batch_size=batch_size,
+                       ingest=IngestSettings(workers=1))
+    discover(cfg, reader_for(cfg), root)
+    for m in load_manifests(root, "photos"):
+        ingest_batch(m, reader_for(cfg), root, cfg.ingest)
+    return lance.dataset(table_uri(root, "images"), storage_options=root.storage_options()).to_table(
+        columns=["image_id", "sha256", "batch", "width"]).to_pylist()
+
+
+def add_captions(root: DataRoot, rows: list[dict], cid: str, words: str) -> None:
+    ds = open_or_create(table_uri(root, CAPTIONS_TABLE), CAPTIONS_SCHEMA, root.storage_options())
+    t = pa.Table.from_pylist([{"image_id": r["image_id"], "captioner_id": cid, "batch": r["batch"],
+                               "sha256": r["sha256"], "caption": f"{words} number {i}", "tokens": 4,
+                               "seconds": 0.1, "hit_max_tokens": False, "model": "m"}
+                              for i, r in enumerate(rows)], schema=CAPTIONS_SCHEMA)
+    ds.merge_insert(["captioner_id", "image_id"]).when_matched_update_all().when_not_matched_insert_all().execute(t)
+
+
+def add_embeddings(root: DataRoot, rows: list[dict], eid: str, vecs: np.ndarray) -> None:
+    schema = embeddings_schema(DIM)
+    ds = open_or_create(table_uri(root, embeddings_table(eid)), schema, root.storage_options())
+    t = pa.Table.from_pylist([{"image_id": r["image_id"], "embedder_id": eid, "batch": r["batch"],
+                               "sha256": r["sha256"], "embedding": v.tolist(), "model": "m"}
+                              for r, v in zip(rows, vecs, strict=True)], schema=schema)
+    ds.merge_insert(["embedder_id", "image_id"]).when_matched_update_all().when_not_matched_insert_all().execute(t)
+
+
+def jpeg_files(ds: lance.LanceDataset) -> set[str]:
+    jpeg_id = next(f.id() for f in ds.lance_schema.fields() if f.name() == "jpeg") \
+        if hasattr(ds, "lance_schema") else None
+    out = set()
+    for frag in ds.get_fragments():
+        for df in frag.data_files():
+            if jpeg_id is None or jpeg_id in list(df.fields):
+                out.add(df.path)
+    return out
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> tuple[DataRoot, list[dict]]:
+    root = DataRoot(str(tmp_path / "root"))
+    return root, build(root, tmp_path / "photos")
+
+
+def test_new_caption_column_lands_without_rewriting_image_data(lab) -> None:
+    root, rows = lab
+    add_captions(root, rows, "a-1", "a red car")
+    first = sync_lab(root, captioner_ids=["a-1"])
+    ds = lance.dataset(table_uri(root, "images"))
+    before = {f.fragment_id: {df.path for df in f.data_files()} for f in ds.get_fragments()}
+    assert caption_column("a-1") in first.columns_added
+
+    add_captions(root, rows, "b-2", "a blue boat")
+    second = sync_lab(root, captioner_ids=["a-1", "b-2"])
+    assert second.columns_added == [caption_column("b-2")]
+    assert second.rows_updated == {caption_column("a-1"): 0, caption_column("b-2"): len(rows)}
+    ds = lance.dataset(table_uri(root, "images"))
+    after = {f.fragment_id: {df.path for df in f.data_files()} for f in ds.get_fragments()}
+    assert before.keys() == after.keys()
+    for fid, files in before.items():
+        assert files <= after[fid]  # every existing data file (JPEG bytes included) is still there
+        assert len(after[fid] - files) == 1  # plus one new file holding only the new column
+    t = ds.to_table(columns=["image_id", caption_column("a-1"), caption_column("b-2")])
+    assert all(v.startswith("a red car") for v in t.column(caption_column("a-1")).to_pylist())
+    assert all(v.startswith("a blue boat") for v in t.column(caption_column("b-2")).to_pylist())
+
+
+def test_scalar_indexes_are_used_and_scan_less(lab) -> None:
+    root, rows = lab
+    res = sync_lab(root)
+    names = {ix["name"]: ix for ix in res.indexes}
+    assert names["width_idx"]["type"] == "BTree" and names["source_idx"]["type"] == "Bitmap"
+    assert all(ix["unindexed_rows"] == 0 for ix in res.indexes)
+    ds = open_lab(root)
+    threshold = sorted(r["width"] for r in rows)[-2]
+    q = query(ds, where=f"width >= {threshold}", columns=["image_id", "width"], explain=True)
+    assert "ScalarIndexQuery" in q.plan and "width_idx(BTree)" in q.plan
+    assert q.table.num_rows == 2 and q.stats["rows_scanned"] < q.stats["table_rows"]
+    q = query(ds, where="source = 'photos' AND aspect_bucket = '1:1'", explain=True)
+    assert "source_idx(Bitmap)" in q.plan or "aspect_bucket_idx(Bitmap)" in q.plan
+
+
+def test_indexes_follow_new_batches(tmp_path: Path) -> None:
+    root = DataRoot(str(tmp_path / "root"))
+    build(root, tmp_path / "photos", n=4)
+    sync_lab(root)
+    rows = build(root, tmp_path / "photos", n=8)  # the rest of the files arrive as a new batch
+    res = sync_lab(root)
+    width = next(ix for ix in res.indexes if ix["name"] == "width_idx")
+    assert width["indexed_rows"] == len(rows) and width["unindexed_rows"] == 0
+
+
+def test_vector_search_returns_the_planted_neighbour(lab) -> None:
+    root, rows = lab
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((len(rows), DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    planted = vecs[0] + 0.01 * rng.standard_normal(DIM).astype(np.float32)
+    vecs[5] = planted / np.linalg.norm(planted)
+    add_embeddings(root, rows, "e-1", vecs)
+    for min_rows in (10**6, 8):  # exact search, then IVF_PQ with refine
+        res = sync_lab(root, embedder_ids=["e-1"], vector_index_min_rows=min_rows)
+        kinds = {ix["type"] for ix in res.indexes}
+        assert ("IVF_PQ" in kinds) == (min_rows == 8)
+        hits = query(open_lab(root), near=rows[0]["image_id"], k=3, columns=["image_id"]).table
+        assert hits.column("image_id").to_pylist()[:2] == [rows[0]["image_id"], rows[5]["image_id"]]
+    col = embedding_column("e-1")
+    stored = open_lab(root).to_table(columns=[col], filter=f"image_id = '{rows[5]['image_id']}'")
+    assert np.allclose(stored.column(0)[0].values.to_numpy(), vecs[5])
+
+
+def test_full_text_search_over_captions(lab) -> None:
+    root, rows = lab
+    add_captions(root, rows[:3], "a-1", "a red car")
+    add_captions(root, rows[3:], "a-1", "a quiet lake")
+    sync_lab(root, captioner_ids=["a-1"])
+    hits = query(open_lab(root), text="car", columns=["image_id"]).table
+    assert set(hits.column("image_id").to_pylist()) == {r["image_id"] for r in rows[:3]}
+
+
+def test_time_travel_tags_and_maintenance(lab) -> None:
+    root, rows = lab
+    v1 = sync_lab(root).version
+    assert open_lab(root, tag=PUBLISHED_TAG).version == v1
+    add_captions(root, rows, "a-1", "a red car")
+    v2 = sync_lab(root, captioner_ids=["a-1"]).version
+    assert v2 > v1
+    assert caption_column("a-1") not in open_lab(root, version=v1).schema.names
+    assert caption_column("a-1") in open_lab(root, version=v2).schema.names
+    ds = lance.dataset(table_uri(root, "images"))
+    ds.tags.create("subset-demo", v1)
+    frags = len(ds.get_fragments())
+    assert frags >= 3
+    (rep,) = [r for r in maintain(root, older_than=timedelta(seconds=0)) if r.table == "images"]
+    assert rep.fragments_after < frags and rep.versions_removed > 0
+    old = open_lab(root, tag="subset-demo")
+    assert old.version == v1 and old.count_rows() == len(rows)
+    assert open_lab(root).count_rows() == len(rows)
+    with pytest.raises(QueryError, match=r"cannot open version 2 of"):
+        open_lab(root, version=2)  # removed by cleanup
+
+
+def test_bad_queries_name_the_problem(lab) -> None:
+    root, _ = lab
+    ds = open_lab(root)
+    with pytest.raises(QueryError, match=r"predicate 'widht > 3' failed: .*No field named widht"):
+        query(ds, where="widht > 3")
+    with pytest.raises(QueryError, match=r"predicate 'width >>> 3' failed"):
+        query(ds, where="width >>> 3")
+    with pytest.raises(QueryError, match=r"unknown columns \['nope'\]"):
+        query(ds, columns=["nope"])
+    with pytest.raises(QueryError, match=r"no embedding column yet"):
+        query(ds, near="abc")
+    with pytest.raises(QueryError, match=r"cannot open tag 'missing'"):
+        open_lab(root, tag="missing")
