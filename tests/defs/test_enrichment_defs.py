@@ -90,3 +90,38 @@ def test_unknown_captioner_partition_names_the_configured_ids(project: dict) -> 
         assert not res.success
         text = " ".join(str(e.step_failure_data.error) for e in res.all_events if e.is_step_failure)
         assert "no captioner with id 'gone-12345678'" in text and "detailed-" in text
+
+
+def test_lance_table_and_maintenance_job(project: dict) -> None:
+    from prx_assets.defs.lab import lance_maintenance, lance_table
+
+    r = project["resources"]
+    assets = [*ALL, lance_table]
+    with dg.instance_for_test() as instance:
+        result = raw_batch_sensor(dg.build_sensor_context(instance=instance, resources=r))
+        for req in result.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        dg.materialize(assets, selection=["raw_images", "image_embeddings"], instance=instance, resources=r,
+                       partition_key="photos-00001")
+        for cid in instance.get_dynamic_partitions("captioners"):
+            dg.materialize(assets, selection=["recaptions"], instance=instance, resources=r,
+                           partition_key=dg.MultiPartitionKey({"batch": "photos-00001", "captioner": cid}))
+        res = dg.materialize(assets, selection=["lance_table"], instance=instance, resources=r,
+                             run_config={"ops": {"lance_table": {"config": {"vector_index_min_rows": 4}}}})
+        assert res.success
+        mat = res.asset_materializations_for_node("lance_table")[0]
+        md = mat.metadata
+        assert md["dagster/row_count"].value == 4
+        assert len(md["columns_added"].value) == 3  # two caption columns and one embedding column
+        assert mat.tags["dagster/data_version"] == str(md["lance_version"].value)
+        assert md["tags"].value["published"] == md["lance_version"].value
+        assert "IVF_PQ" in md["index_coverage"].value and "Inverted" in md["index_coverage"].value
+
+        job = defs.resolve_job_def("lance_maintenance")
+        out = job.execute_in_process(instance=instance, resources=r,
+                                     run_config={"ops": {"compact_and_clean": {"config": {"keep_days": 0}}}})
+        assert out.success and lance_maintenance.name == "lance_maintenance"
+        tables = {t["table"]: t for t in out.output_for_node("compact_and_clean")}
+        assert tables["images"]["fragments_after"] <= tables["images"]["fragments_before"]
+        assert defs.resolve_schedule_def("lance_maintenance_schedule").default_status == \
+            dg.DefaultScheduleStatus.STOPPED
