@@ -1,12 +1,10 @@
 """Captions/s: the recaptions code path vs a bare transformers generate loop.
 
-Same tiny random Qwen3-VL, same images (decoded from the same stored JPEG bytes), fixed
-output length (``min_new_tokens == max_new_tokens``) so throughput is honest with random
+Same tiny random Qwen3-VL, same images in the same batches, fixed output length (``min_new_tokens == max_new_tokens``) so throughput is honest with random
 weights. Ours includes reading the batch from Lance, content dedup, and writing the
 captions table. Reported per batch size, sides alternating within each round.
 """
 
-import io
 import os
 import shutil
 import statistics
@@ -37,14 +35,14 @@ BATCH_SIZES = (1, 4, 8, 16)
 PAYLOAD = ["caption", "tokens", "seconds", "hit_max_tokens", "model"]
 
 
-def bare_loop(cap: TransformersCaptioner, jpegs: list[bytes], batch_size: int) -> int:
-    """What a script would do: decode, chat template, generate, decode text."""
+def bare_loop(cap: TransformersCaptioner, images: list[Image.Image], batch_size: int) -> int:
+    """What a script would do: chat template, generate, decode text (images already decoded)."""
     proc, model = cap.processor, cap.model
     done = 0
-    for i in range(0, len(jpegs), batch_size):
-        images = [Image.open(io.BytesIO(b)).convert("RGB") for b in jpegs[i:i + batch_size]]
+    for i in range(0, len(images), batch_size):
         msgs = [[{"role": "user", "content": [{"type": "image", "image": im},
-                                              {"type": "text", "text": cap.spec.prompt}]}] for im in images]
+                                              {"type": "text", "text": cap.spec.prompt}]}]
+                for im in images[i:i + batch_size]]
         inputs = proc.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=True,
                                           return_tensors="pt", padding=True)
         with torch.inference_mode():
@@ -66,36 +64,47 @@ def run() -> dict[str, Any]:
     ingest_batch(manifest, reader_for(cfg), root, cfg.ingest)
     import lance
 
-    # The recaptions path visits images in image_id order; the bare loop gets the same order,
-    # so both sides pad the same batches.
-    t = lance.dataset(table_uri(root, IMAGES_TABLE)).to_table(columns=["image_id", "jpeg"]).sort_by("image_id")
-    jpegs = t.column("jpeg").to_pylist()
-    n = len(jpegs)
+    n = lance.dataset(table_uri(root, IMAGES_TABLE)).count_rows()
     results: dict[str, Any] = {"images": n, "tokens": TOKENS, "rounds": ROUNDS,
                                "threads": torch.get_num_threads(), "by_batch_size": {}}
     for bs in BATCH_SIZES:
         spec = CaptionerSpec(name="bench", model=str(model), max_new_tokens=TOKENS, min_new_tokens=TOKENS,
                              batch_size=bs)
         cap = TransformersCaptioner(spec, device="cpu")
-        bare_loop(cap, jpegs[:bs], bs)  # warm-up
+        seen: list[Image.Image] = []
+
+        def make_compute(cap: TransformersCaptioner = cap, record: list[Image.Image] | None = None) -> Any:
+            def compute(ims: Any) -> list[dict[str, Any]]:
+                if record is not None:
+                    record.extend(ims)
+                return [{"caption": c.text, "tokens": c.tokens, "seconds": c.seconds,
+                         "hit_max_tokens": c.hit_max_tokens, "model": "tiny"} for c in cap.caption(ims)]
+            return compute
+
+        # Warm-up: ours once (recording the images in the order it received them), then the
+        # bare loop over exactly those decoded images in that order, batched naively; every
+        # input shape has been seen (oneDNN caches kernels per shape). The bare side skips JPEG
+        # decoding. Ours groups each chunk by image size before batching (less padding).
+        enrich_batch(root, manifest.key, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", f"warm-{bs}",
+                     PAYLOAD, lambda seen=seen: make_compute(record=seen), chunk=bs * 8)
+        images = list(seen)
+        bare_loop(cap, images, bs)
         t_bare, t_ours = [], []
         for r in range(ROUNDS):
             if r % 2 == 0:  # alternate which side goes first
                 t = time.perf_counter()
-                bare_loop(cap, jpegs, bs)
+                bare_loop(cap, images, bs)
                 t_bare.append(time.perf_counter() - t)
             t = time.perf_counter()
             res = enrich_batch(
                 root, manifest.key, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", f"bench-{bs}-{r}", PAYLOAD,
-                lambda cap=cap: (lambda ims: [{"caption": c.text, "tokens": c.tokens, "seconds": c.seconds,
-                                               "hit_max_tokens": c.hit_max_tokens, "model": "tiny"}
-                                              for c in cap.caption(ims)]),
-                chunk=bs * 4)
+                make_compute, chunk=bs * 8)
             t_ours.append(time.perf_counter() - t)
             if r % 2 == 1:
                 t = time.perf_counter()
-                bare_loop(cap, jpegs, bs)
+                bare_loop(cap, images, bs)
                 t_bare.append(time.perf_counter() - t)
+            results.setdefault("computed", {})[bs] = res.computed
             if res.written != n:
                 raise RuntimeError(f"captioned {res.written} of {n}")
         b, o = statistics.median(t_bare), statistics.median(t_ours)

@@ -284,7 +284,20 @@ class TransformersCaptioner:
         return results
 
     def caption(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
-        """Caption in batches of ``spec.batch_size``; halve the batch on out-of-memory."""
+        """Caption in batches of ``spec.batch_size``; halve the batch on out-of-memory.
+
+        Images are grouped by pixel count before batching (the vision token count follows
+        it), so a batch pads little; results come back in input order.
+        """
+        order = sorted(range(len(images)), key=lambda i: images[i].size[0] * images[i].size[1])
+        ordered = [images[i] for i in order]
+        results_sorted = self._caption_in_order(ordered)
+        results: list[CaptionResult | None] = [None] * len(images)
+        for pos, idx in enumerate(order):
+            results[idx] = results_sorted[pos]
+        return [r for r in results if r is not None]
+
+    def _caption_in_order(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
         results: list[CaptionResult] = []
         batch = max(1, self.spec.batch_size)
         i = 0

@@ -121,7 +121,7 @@ def recaptions(context: dg.AssetExecutionContext, storage: StorageResource, proj
 
     res = enrich_batch(root, batch, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", captioner_id,
                        ["caption", "tokens", "seconds", "hit_max_tokens", "model"], factory,
-                       chunk=max(1, captioner.effective(spec).batch_size) * 4,
+                       chunk=max(1, captioner.effective(spec).batch_size) * 8,
                        progress=lambda d, t: context.log.debug(f"{d}/{t} captioned"))
     context.log.info(f"{context.partition_key}: {res.summary()}")
     fp = recaptions_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance,
