@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("ingest", "captions")
+BENCHES = ("ingest", "captions", "lab")
 
 
 def main(argv: list[str]) -> int:
