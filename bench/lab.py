@@ -32,13 +32,24 @@ REFINE = int(os.environ.get("PRX_BENCH_REFINE", "20"))
 os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
 
 
-def make_table(rows: int, seed: int = 0) -> tuple[pa.Table, np.ndarray]:
-    """Metadata columns, a small blob per row, and clustered unit vectors."""
-    rng = np.random.default_rng(seed)
-    centers = rng.standard_normal((max(16, rows // 1000), DIM)).astype(np.float32)
-    assign = rng.integers(0, len(centers), rows)
-    vecs = centers[assign] + 0.35 * rng.standard_normal((rows, DIM)).astype(np.float32)
+INTRINSIC = 24
+
+
+def make_vectors(rows: int, rng: np.random.Generator) -> np.ndarray:
+    """Unit vectors with low intrinsic dimension, like image embeddings: a 24-d latent mapped
+    into 256-d plus small isotropic noise. (Isotropic Gaussian vectors, where all distances
+    concentrate, are the known worst case for any ANN index and unlike real embeddings.)"""
+    latent = rng.standard_normal((rows, INTRINSIC)).astype(np.float32)
+    proj = rng.standard_normal((INTRINSIC, DIM)).astype(np.float32) / np.sqrt(INTRINSIC)
+    vecs = latent @ proj + 0.02 * rng.standard_normal((rows, DIM)).astype(np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    return vecs
+
+
+def make_table(rows: int, seed: int = 0) -> tuple[pa.Table, np.ndarray]:
+    """Metadata columns, a small blob per row, and unit vectors."""
+    rng = np.random.default_rng(seed)
+    vecs = make_vectors(rows, rng)
     blobs = rng.integers(0, 256, rows * BLOB, dtype=np.uint8).tobytes()
     offsets = pa.array(np.arange(0, (rows + 1) * BLOB, BLOB, dtype=np.int64))
     table = pa.table({
@@ -83,13 +94,17 @@ def run() -> dict[str, Any]:
     ds.create_scalar_index("width", "BTREE")
     ds.create_scalar_index("source", "BITMAP")
     out["scalar_index_build_s"] = round(time.perf_counter() - t, 2)
-    pred = "width = 4242"
-    indexed = _median_time(lambda: ds.to_table(columns=["image_id", "width"], filter=pred))
-    scan = _median_time(lambda: ds.scanner(columns=["image_id", "width"], filter=pred,
-                                           use_scalar_index=False).to_table())
-    hits = ds.count_rows(filter=pred)
-    out["filter"] = {"predicate": pred, "hits": hits, "indexed_ms": round(indexed * 1e3, 2),
-                     "full_scan_ms": round(scan * 1e3, 2), "speedup": round(scan / indexed, 1)}
+    ds.create_scalar_index("image_id", "BTREE")
+    some_id = table.column("image_id")[ROWS // 3].as_py()
+    out["filters"] = []
+    for pred in (f"image_id = '{some_id}'", "width = 4242"):
+        indexed = _median_time(lambda pred=pred: ds.to_table(columns=["image_id", "width", "jpeg"],
+                                                             filter=pred))
+        scan = _median_time(lambda pred=pred: ds.scanner(columns=["image_id", "width", "jpeg"], filter=pred,
+                                                         use_scalar_index=False).to_table())
+        out["filters"].append({"predicate": pred, "hits": ds.count_rows(filter=pred),
+                               "indexed_ms": round(indexed * 1e3, 2), "full_scan_ms": round(scan * 1e3, 2),
+                               "speedup": round(scan / indexed, 1)})
 
     # 2. take 1,000 random rows vs Parquet
     rng = np.random.default_rng(1)
@@ -151,12 +166,12 @@ def run() -> dict[str, Any]:
 
 def format_table(r: dict[str, Any]) -> str:
     """Human-readable table."""
-    f, tk, v, a = r["filter"], r["take_1000"], r["vector"], r["add_column"]
+    tk, v, a = r["take_1000"], r["vector"], r["add_column"]
     return "\n".join([
         f"lab on {r['rows']:,} rows ({r['blob_bytes']} B blobs, {r['dim']}-d vectors); "
         f"write lance {r['lance_write_s']}s, parquet {r['parquet_write_s']}s",
-        f"  selective filter ({f['predicate']}, {f['hits']} hits): BTREE {f['indexed_ms']} ms vs "
-        f"full scan {f['full_scan_ms']} ms -> {f['speedup']}x  (target >= 10x)",
+        *[f"  selective filter ({f['predicate']}, {f['hits']} hits): BTREE {f['indexed_ms']} ms vs "
+          f"full scan {f['full_scan_ms']} ms -> {f['speedup']}x  (target >= 10x)" for f in r["filters"]],
         f"  take 1,000 random rows: lance {tk['lance_ms']} ms vs parquet {tk['parquet_ms']} ms -> "
         f"{tk['speedup']}x  (target >= 10x)",
         f"  vector search IVF_PQ({v['num_partitions']} partitions, nprobes {v['nprobes']}, refine "

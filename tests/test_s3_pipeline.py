@@ -42,6 +42,17 @@ def test_demo_pipeline_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]
     hits = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert hits[0]["image_id"] == rows[0]["image_id"]
 
+    # Maintenance on the object store keeps the published version readable.
+    from datetime import timedelta
+
+    from prx_assets.core.maintenance import maintain
+    from prx_assets.core.query import open_lab
+
+    published = open_lab(DataRoot(root), tag="published").version
+    reports = {r.table: r for r in maintain(DataRoot(root), older_than=timedelta(seconds=0))}
+    assert reports["images"].fragments_after <= reports["images"].fragments_before
+    assert open_lab(DataRoot(root), tag="published").version == published
+
     # Nothing local: every table and manifest lives in the bucket.
     keys = [o["Key"] for p in boto3.client("s3").get_paginator("list_objects_v2").paginate(
         Bucket=s3_env["BUCKET"], Prefix="prx/") for o in p.get("Contents", [])]
