@@ -285,9 +285,9 @@ def cmd_rejects(args: argparse.Namespace) -> int:
         return 0
     clauses = []
     if args.source:
-        clauses.append(f"source = '{args.source}'")
+        clauses.append("source = '{}'".format(args.source.replace("'", "''")))
     if args.reason:
-        clauses.append(f"reason = '{args.reason}'")
+        clauses.append("reason = '{}'".format(args.reason.replace("'", "''")))
     rows = ds.to_table(columns=["source", "batch", "reason", "uri", "message"],
                        filter=" AND ".join(clauses) or None).to_pylist()
     for r in rows[: args.limit]:

@@ -130,15 +130,21 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
         result.changed = True
         pending = []
 
-    def emit_ready() -> None:
-        for r in missing:
-            if r["image_id"] in emitted or r["sha256"] not in by_sha:
-                continue
-            emitted.add(r["image_id"])
-            pending.append({"image_id": r["image_id"], key_col: key, "batch": batch,
-                            "sha256": r["sha256"], **by_sha[r["sha256"]]})
+    waiting: dict[str, list[dict[str, Any]]] = {}
+    for r in missing:
+        waiting.setdefault(r["sha256"], []).append(r)
+
+    def emit(shas: Sequence[str]) -> None:
+        for sha in shas:
+            for r in waiting.pop(sha, []):
+                emitted.add(r["image_id"])
+                pending.append({"image_id": r["image_id"], key_col: key, "batch": batch,
+                                "sha256": sha, **by_sha[sha]})
         if len(pending) >= commit_every:
             flush()
+
+    def emit_ready() -> None:
+        emit([sha for sha in list(waiting) if sha in by_sha])
 
     emit_ready()
     result.reused = len(emitted)
@@ -157,7 +163,7 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
         for (sha, _), payload in zip(part, outputs, strict=True):
             by_sha[sha] = payload
         result.computed += len(part)
-        emit_ready()
+        emit([sha for sha, _ in part])
         if progress:
             progress(result.computed, len(to_compute))
     flush()

@@ -14,6 +14,7 @@ from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
     digest,
+    previous_data_version,
     register_fingerprint,
 )
 from prx_assets.resources.models import CaptionerResource, EmbedderResource
@@ -59,13 +60,9 @@ register_fingerprint("image_embeddings", embeddings_fingerprint)
 
 def _data_version(context: dg.AssetExecutionContext, res: EnrichResult) -> dg.DataVersion:
     if not res.changed:  # nothing written: keep the previous version so nothing looks stale
-        prev = context.instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=context.asset_key, asset_partitions=[context.partition_key]),
-            limit=1)
-        if prev.records and prev.records[0].asset_materialization is not None:
-            tag = prev.records[0].asset_materialization.tags.get("dagster/data_version")
-            if tag:
-                return dg.DataVersion(tag)
+        tag = previous_data_version(context)
+        if tag:
+            return dg.DataVersion(tag)
     return dg.DataVersion(str(res.version if res.version is not None else 0))
 
 

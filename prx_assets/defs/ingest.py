@@ -22,6 +22,7 @@ from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
     digest,
+    previous_data_version,
     register_fingerprint,
 )
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
@@ -49,15 +50,6 @@ def _md_table(headers: list[str], rows: list[list[Any]]) -> str:
     for r in rows:
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |")
     return "\n".join(lines)
-
-
-def _previous_data_version(context: dg.AssetExecutionContext) -> str | None:
-    res = context.instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=context.asset_key, asset_partitions=[context.partition_key]),
-        limit=1)
-    if not res.records or res.records[0].asset_materialization is None:
-        return None
-    return res.records[0].asset_materialization.tags.get("dagster/data_version")
 
 
 def ingest_metadata(result: IngestResult, fingerprint: str) -> dict[str, Any]:
@@ -130,7 +122,7 @@ def raw_images(context: dg.AssetExecutionContext, storage: StorageResource,
     changed = result.inserted + result.updated + result.deleted > 0
     version = str(result.images_version)
     if not changed:
-        version = _previous_data_version(context) or version
+        version = previous_data_version(context) or version
     return dg.MaterializeResult(metadata=ingest_metadata(result, fingerprint),
                                 data_version=dg.DataVersion(version))
 

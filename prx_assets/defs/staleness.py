@@ -66,3 +66,17 @@ def recorded_fingerprints(instance: dg.DagsterInstance, key: dg.AssetKey) -> dic
         if not res.has_more:
             return out
         cursor = res.cursor
+
+
+def previous_data_version(context: dg.AssetExecutionContext) -> str | None:
+    """The data version of this asset partition's latest materialization, if any.
+
+    Assets whose run changed nothing reuse it, so downstream assets do not look stale.
+    """
+    res = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=context.asset_key,
+                              asset_partitions=[context.partition_key] if context.has_partition_key else None),
+        limit=1)
+    if not res.records or res.records[0].asset_materialization is None:
+        return None
+    return res.records[0].asset_materialization.tags.get("dagster/data_version")
