@@ -129,16 +129,22 @@ def register_batches(instance: dg.DagsterInstance, reports: list[dict[str, Any]]
     return new
 
 
-def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | None,
-             ) -> list[tuple[dg.AssetKey, str | None]]:
-    """Missing or stale (asset, partition) pairs of the selection, in dependency order."""
-    from prx_assets.defs.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
-
+def selected_keys(defs: dg.Definitions, select: str | None) -> list[dg.AssetKey]:
+    """Asset keys of a Dagster selection string (all by default), in dependency order."""
     graph = defs.resolve_asset_graph()
     order = list(graph.toposorted_asset_keys)
     if select:
         chosen = dg.AssetSelection.from_string(select).resolve(graph)
         order = [k for k in order if k in chosen]
+    return order
+
+
+def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | None,
+             keys: list[dg.AssetKey] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
+    """Missing or stale (asset, partition) pairs of the selection (or ``keys``), in dependency order."""
+    from prx_assets.defs.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
+
+    order = keys if keys is not None else selected_keys(defs, select)
     ctx = FingerprintContext(root=_root(), sources=load_sources(), instance=instance,
                              models=_models_config())
     plan: list[tuple[dg.AssetKey, str | None]] = []
@@ -208,25 +214,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     job = defs.resolve_implicit_global_asset_job_def()
     level = "INFO" if args.verbose else "CRITICAL"
-    failed = 0
-    for i, (key, pk) in enumerate(plan, 1):
-        started = time.perf_counter()
-        result = job.execute_in_process(
-            instance=instance, partition_key=pk, asset_selection=[key], raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": level}}}},
-            tags={"prx/launched_by": "prx-assets run"})
-        took = time.perf_counter() - started
-        status = "ok" if result.success else "FAILED"
-        print(f"[{i}/{len(plan)}] {key.to_user_string()} {pk or ''}: {status} "
-              f"({took:.1f}s) {_result_line(result)}", flush=True)
-        if not result.success:
-            failed += 1
-            for line in _failure_lines(result):
-                print(f"    {line}")
+    failed = done = 0
+    total = len(plan)
+    for key in selected_keys(defs, args.select):
+        planned = sum(1 for k, _ in plan if k == key)
+        # Re-plan each asset just before it runs: its upstream may have changed in this run.
+        todo = plan_run(defs, instance, None, keys=[key])
+        total += max(0, len(todo) - planned)
+        for _, pk in todo:
+            done += 1
+            failed += _execute(job, instance, key, pk, level, f"[{done}/{total}]")
     if failed:
-        print(f"{failed} of {len(plan)} partitions failed")
+        print(f"{failed} of {done} partitions failed")
         return 1
     return 0
+
+
+def _execute(job: Any, instance: dg.DagsterInstance, key: dg.AssetKey, pk: str | None, level: str,
+             prefix: str) -> int:
+    """Materialize one partition in-process; print one line; return 1 on failure."""
+    started = time.perf_counter()
+    result = job.execute_in_process(
+        instance=instance, partition_key=pk, asset_selection=[key], raise_on_error=False,
+        run_config={"loggers": {"console": {"config": {"log_level": level}}}},
+        tags={"prx/launched_by": "prx-assets run"})
+    took = time.perf_counter() - started
+    status = "ok" if result.success else "FAILED"
+    print(f"{prefix} {key.to_user_string()} {pk or ''}: {status} "
+          f"({took:.1f}s) {_result_line(result)}", flush=True)
+    if result.success:
+        return 0
+    for line in _failure_lines(result):
+        print(f"    {line}")
+    return 1
 
 
 def table_summary(root: DataRoot) -> dict[str, Any]:
