@@ -1,0 +1,144 @@
+"""Every recipe rule with exact expected ids, determinism, and errors that name the problem."""
+
+import io
+import shutil
+from pathlib import Path
+
+import lance
+import numpy as np
+import pytest
+from PIL import Image
+
+from prx_assets.core.curation import CurationError, near_duplicates_phash, select
+from prx_assets.core.lab import embedding_column, sync_lab
+from prx_assets.core.recipes import Dedup, Recipe, load_recipes
+from prx_assets.core.storage import DataRoot
+from prx_assets.core.table import table_uri
+from prx_assets.errors import ConfigError
+from tests.unit.test_lab import DIM, add_captions, add_embeddings, build
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> tuple[DataRoot, dict[str, dict]]:
+    folder = tmp_path / "photos"
+    root = DataRoot(str(tmp_path / "root"))
+    from tests.conftest import write_folder_corpus
+
+    write_folder_corpus(folder, n=8, broken=False)
+    shutil.copy(folder / "img_0_000.jpg", folder / "exact_copy.jpg")
+    im = Image.open(folder / "img_0_002.webp").convert("RGB")
+    buf = io.BytesIO()
+    im.resize((im.width - 8, im.height - 6)).save(buf, "JPEG", quality=70)  # a near duplicate
+    (folder / "near_copy.jpg").write_bytes(buf.getvalue())
+    build(root, folder, n=8, batch_size=100)
+    by_name = {}
+    for r in lance.dataset(table_uri(root, "images")).to_table(
+            columns=["image_id", "uri", "sha256", "batch", "width", "height"]).to_pylist():
+        by_name[Path(r["uri"]).name] = r
+    return root, by_name
+
+
+def ids(by_name: dict[str, dict], *names: str) -> list[str]:
+    return sorted(by_name[n]["image_id"] for n in names)
+
+
+ALL = ["img_0_000.jpg", "sub/img_0_001.png", "img_0_002.webp", "sub/img_0_003.jpg", "img_0_004.png",
+       "sub/img_0_005.webp", "img_0_006.jpg", "sub/img_0_007.png", "exact_copy.jpg", "near_copy.jpg"]
+
+
+def names_of(by_name: dict[str, dict], selected: list[str]) -> set[str]:
+    rev = {v["image_id"]: k for k, v in by_name.items()}
+    return {rev[i] for i in selected}
+
+
+def test_predicate_resolution_buckets_and_exact_dedup(lab) -> None:
+    root, by_name = lab
+    ds = lance.dataset(table_uri(root, "images"))
+    assert len(by_name) == 10
+    s = select(ds, Recipe(name="r", dedup=Dedup(exact=True)))
+    pair = sorted(["exact_copy.jpg", "img_0_000.jpg"], key=lambda n: by_name[n]["image_id"])
+    # Same size, so the smaller image id wins the tie.
+    assert names_of(by_name, s.image_ids) == {Path(n).name for n in ALL} - {pair[1]}
+    assert s.dropped == {"dedup_exact": 1} and s.version == ds.version
+    widths = sorted(r["width"] for r in by_name.values())
+    s = select(ds, Recipe(name="r", where=f"width > {widths[5]}", dedup=Dedup(exact=False)))
+    assert len(s.image_ids) == 4 and s.dropped == {"predicate": 6}
+    s = select(ds, Recipe(name="r", min_side=200, dedup=Dedup(exact=False)))
+    assert all(by_name[n]["width"] >= 200 and by_name[n]["height"] >= 200
+               for n in names_of(by_name, s.image_ids))
+    assert s.dropped["min_resolution"] == sum(1 for r in by_name.values() if min(r["width"], r["height"]) < 200)
+    s = select(ds, Recipe(name="r", aspect_buckets=("4:3",), dedup=Dedup(exact=False)))
+    assert set(s.buckets) == {"4:3"} and sum(s.buckets.values()) == len(s.image_ids)
+
+
+def test_perceptual_dedup_keeps_the_larger_image(lab) -> None:
+    root, by_name = lab
+    ds = lance.dataset(table_uri(root, "images"))
+    s = select(ds, Recipe(name="r", dedup=Dedup(exact=True, phash_distance=6)))
+    chosen = names_of(by_name, s.image_ids)
+    assert "img_0_002.webp" in chosen and "near_copy.jpg" not in chosen
+    assert s.dropped["dedup_phash"] == 1
+    assert near_duplicates_phash([0b1111, 0b1110, 0xFFFF << 40], 1) == [True, False, True]
+
+
+def test_embedding_dedup_and_optout_lists(lab, tmp_path: Path) -> None:
+    root, by_name = lab
+    rows = sorted(by_name.values(), key=lambda r: r["image_id"])
+    rng = np.random.default_rng(3)
+    vecs = rng.standard_normal((len(rows), DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    vecs[1] = vecs[0]  # two different files that embed identically
+    add_embeddings(root, rows, "e-1", vecs)
+    sync_lab(root, embedder_ids=["e-1"])
+    ds = lance.dataset(table_uri(root, "images"))
+    s = select(ds, Recipe(name="r", dedup=Dedup(exact=False, embedding_threshold=0.99)),
+               embedding_column=embedding_column("e-1"))
+    assert s.dropped["dedup_embedding"] == 1
+    assert len({rows[0]["image_id"], rows[1]["image_id"]} & set(s.image_ids)) == 1
+
+    (tmp_path / "ids.txt").write_text(f"# opted out\n{by_name['img_0_000.jpg']['image_id']}\n")
+    (tmp_path / "uris.txt").write_text(by_name["img_0_006.jpg"]["uri"] + "\n")
+    r = Recipe(name="r", dedup=Dedup(exact=False), optout_ids_file=str(tmp_path / "ids.txt"),
+               optout_uris_file=str(tmp_path / "uris.txt"))
+    s = select(ds, r)
+    assert s.dropped == {"optout": 2}
+    assert not names_of(by_name, s.image_ids) & {"img_0_000.jpg", "img_0_006.jpg"}
+
+
+def test_captions_required_cap_with_seed_and_determinism(lab) -> None:
+    root, by_name = lab
+    rows = sorted(by_name.values(), key=lambda r: r["image_id"])
+    add_captions(root, rows[:7], "detailed-0000aaaa", "a photo")
+    sync_lab(root, captioner_ids=["detailed-0000aaaa"])
+    ds = lance.dataset(table_uri(root, "images"))
+    r = Recipe(name="r", captions=("detailed",), dedup=Dedup(exact=False), cap=4, seed=7)
+    a = select(ds, r, known_captioner_ids=["detailed-0000aaaa"])
+    b = select(lance.dataset(table_uri(root, "images"), version=ds.version), r,
+               known_captioner_ids=["detailed-0000aaaa"])
+    assert a.image_ids == b.image_ids and len(a.image_ids) == 4
+    assert a.dropped == {"no_caption": 3, "cap": 3}
+    assert set(a.image_ids) <= {x["image_id"] for x in rows[:7]}
+    other_seed = select(ds, Recipe(name="r", captions=("detailed",), dedup=Dedup(exact=False), cap=4, seed=8),
+                        known_captioner_ids=["detailed-0000aaaa"])
+    assert other_seed.image_ids != a.image_ids
+
+
+def test_errors_name_the_column_and_the_captioner(lab, tmp_path: Path) -> None:
+    root, _ = lab
+    ds = lance.dataset(table_uri(root, "images"))
+    with pytest.raises(CurationError, match=r"recipe 'r': predicate .*colour.* failed: .*No field named colour"):
+        select(ds, Recipe(name="r", where="colour = 'red'"))
+    with pytest.raises(CurationError, match=r"recipe 'r': unknown captioner 'poetic'"):
+        select(ds, Recipe(name="r", captions=("poetic",)), known_captioner_ids=["detailed-1"])
+    with pytest.raises(CurationError, match=r"no embedding column"):
+        select(ds, Recipe(name="r", dedup=Dedup(embedding_threshold=0.9)))
+    cfg = tmp_path / "recipes.yaml"
+    cfg.write_text("recipes:\n  - {name: a, dedup: {exact: true, fuzzy: 3}}\n")
+    with pytest.raises(ConfigError, match=r"recipe 'a': dedup must be a mapping"):
+        load_recipes(cfg)
+    cfg.write_text("recipes:\n  - {name: a, optout: {image_ids: nope.txt}}\n")
+    with pytest.raises(ConfigError, match=r"opt-out image_ids file .*nope.txt' does not exist"):
+        load_recipes(cfg)
+    cfg.write_text("recipes:\n  - {name: a, where: 'width > 1', captions: [detailed], cap: 10, seed: 3}\n")
+    (recipe,) = load_recipes(cfg).recipes
+    assert recipe.cap == 10 and recipe.captions == ("detailed",) and len(recipe.recipe_hash()) == 16
