@@ -72,11 +72,20 @@ def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, An
     from prx_assets.defs.partitions import captioner_partitions, raw_batches
 
     new = register_batches(instance, reports, raw_batches.name or "raw_batches")
+    from prx_assets.core.config import config_dir
+    from prx_assets.core.recipes import load_recipes
+    from prx_assets.defs.partitions import recipe_partitions
+
+    wanted: list[tuple[str, list[str]]] = []
     models = _models_config()
     if models is not None:
-        name = captioner_partitions.name or "captioners"
+        wanted.append((captioner_partitions.name or "captioners", models.captioner_ids()))
+    if (config_dir() / "recipes.yaml").is_file():
+        wanted.append((recipe_partitions.name or "recipes",
+                       [r.name for r in load_recipes(config_dir() / "recipes.yaml").recipes]))
+    for name, keys in wanted:
         known = set(instance.get_dynamic_partitions(name))
-        fresh = [c for c in models.captioner_ids() if c not in known]
+        fresh = [k for k in keys if k not in known]
         if fresh:
             instance.add_dynamic_partitions(name, fresh)
             new += fresh

@@ -40,6 +40,7 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     # 3 sources, one batch each at this size; 2 captioners; one embedder.
     assert ran.count("raw_images") == 3 and ran.count("recaptions") == 6
     assert ran.count("image_embeddings") == 3
+    assert ran[-3:] == ["lance_table", "curated_subsets", "curated_subsets"]
     assert ran.index("recaptions") > max(i for i, a in enumerate(ran) if a == "raw_images")
     assert "check jpeg_q92_cycles: passed" in out
 
@@ -56,8 +57,9 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     ran = [line for line in out.splitlines() if line.startswith("[")]
     # The webshards partitions and, in the same run, everything downstream of them.
     assert [line.split()[1] for line in ran] == ["raw_images", "image_embeddings", "recaptions",
-                                                 "recaptions", "lance_table"]
-    assert all("webshards-" in line for line in ran if "lance_table" not in line)
+                                                 "recaptions", "lance_table", "curated_subsets",
+                                                 "curated_subsets"]
+    assert all("webshards-" in line for line in ran[:4])
     # Captions depend on the original content (sha256), which did not change: none recomputed.
     assert all("0 computed" in line for line in ran if "recaptions" in line)
 
@@ -100,3 +102,46 @@ def test_help_lists_the_verbs(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for verb in ("demo", "discover", "run", "status", "rejects"):
         assert verb in out
+
+
+def test_curated_subsets_are_pinned_tagged_and_reproducible(small_demo: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import lance
+
+    from prx_assets.core.config import data_root
+    from prx_assets.core.curation import select
+    from prx_assets.core.models_config import load_models
+    from prx_assets.core.recipes import load_recipes
+    from prx_assets.core.subsets import read_subset, subset_id
+
+    assert main(["run"]) == 0
+    capsys.readouterr()
+    root = DataRoot(data_root())
+    recipes = load_recipes(small_demo / "recipes.yaml")
+    with dg.DagsterInstance.get() as instance:
+        assert sorted(instance.get_dynamic_partitions("recipes")) == ["demo_all", "demo_square_ish"]
+        rec = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("curated_subsets"), asset_partitions=["demo_all"]),
+            limit=1).records[0].asset_materialization
+    md = rec.metadata
+    sid = md["subset_id"].value
+    version = md["lance_version"].value
+    assert rec.tags["dagster/data_version"] == sid == subset_id(version, recipes.get("demo_all"))
+    manifest, ids = read_subset(root, "demo_all", sid)
+    assert manifest["lance_version"] == version and len(ids) == md["dagster/row_count"].value > 0
+    assert manifest["dropped"]["min_resolution"] >= 0 and "dedup_exact" in manifest["dropped"]
+    ds = lance.dataset(manifest["lance_uri"])
+    assert ds.tags.list()[manifest["lance_tag"]]["version"] == version
+    again = select(lance.dataset(manifest["lance_uri"], version=version), recipes.get("demo_all"),
+                   known_captioner_ids=load_models(small_demo / "models.yaml").captioner_ids())
+    assert again.image_ids == ids
+    capped = read_subset(root, "demo_square_ish", instance_subset_id(small_demo, "demo_square_ish"))[1]
+    assert 0 < len(capped) <= 60
+
+
+def instance_subset_id(config: Path, recipe: str) -> str:
+    with dg.DagsterInstance.get() as instance:
+        rec = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("curated_subsets"), asset_partitions=[recipe]),
+            limit=1).records[0].asset_materialization
+    return rec.metadata["subset_id"].value

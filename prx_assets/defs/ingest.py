@@ -17,7 +17,7 @@ from prx_assets.core.schema import IMAGES_TABLE
 from prx_assets.core.sources import reader_for
 from prx_assets.core.storage import DataRoot
 from prx_assets.core.table import open_table, table_uri
-from prx_assets.defs.partitions import captioner_partitions, raw_batches
+from prx_assets.defs.partitions import captioner_partitions, raw_batches, recipe_partitions
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
@@ -209,17 +209,19 @@ def raw_batch_sensor(context: dg.SensorEvaluationContext, storage: StorageResour
 
     New files are grouped into new immutable batches (old batches are never touched);
     each new partition gets one run (run key ``raw_images:<partition>``). Captioners added
-    to models.yaml are registered as ``captioners`` partitions. The cursor records the
+    to models.yaml and recipes added to recipes.yaml are registered as partitions. The cursor records the
     batch count per source.
     """
     reports = discover_batches(storage.root(), project.sources(), s3_client=s3.get_client)
     existing = set(context.instance.get_dynamic_partitions(raw_batches.name or "raw_batches"))
     new_keys = [k for r in reports for k in r["all_batches"] if k not in existing]
     requests = [raw_batches.build_add_request(new_keys)] if new_keys else []
-    known_captioners = set(context.instance.get_dynamic_partitions(captioner_partitions.name or "captioners"))
-    new_captioners = [c for c in configured_captioner_ids(project) if c not in known_captioners]
-    if new_captioners:
-        requests.append(captioner_partitions.build_add_request(new_captioners))
+    for pdef, keys in ((captioner_partitions, configured_captioner_ids(project)),
+                       (recipe_partitions, configured_recipe_names(project))):
+        known = set(context.instance.get_dynamic_partitions(pdef.name or ""))
+        fresh = [k for k in keys if k not in known]
+        if fresh:
+            requests.append(pdef.build_add_request(fresh))
     cursor = json.dumps({r["source"]: r["batches"] for r in reports}, sort_keys=True)
     if not new_keys:
         return dg.SensorResult(skip_reason="no new files in any source", cursor=cursor,
@@ -229,6 +231,16 @@ def raw_batch_sensor(context: dg.SensorEvaluationContext, storage: StorageResour
         dynamic_partitions_requests=requests,
         cursor=cursor,
     )
+
+
+def configured_recipe_names(project: ProjectConfigResource) -> list[str]:
+    """Recipe names from recipes.yaml (none when the file does not exist)."""
+    import os
+
+    from prx_assets.core.recipes import load_recipes
+
+    path = project.sources_path().rsplit("/", 1)[0] + "/recipes.yaml"
+    return [r.name for r in load_recipes(path).recipes] if os.path.isfile(path) else []
 
 
 def configured_captioner_ids(project: ProjectConfigResource) -> list[str]:

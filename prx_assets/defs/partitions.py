@@ -14,3 +14,6 @@ captioner_partitions = dg.DynamicPartitionsDefinition(name="captioners")
 #: recaptions: every ingest batch x every captioner (keys ``photos-00001|detailed-1a2b3c4d``).
 recaption_partitions = dg.MultiPartitionsDefinition(
     {"batch": raw_batches, "captioner": captioner_partitions})
+
+#: One partition per recipe in recipes.yaml; recipes added to the file appear as partitions.
+recipe_partitions = dg.DynamicPartitionsDefinition(name="recipes")

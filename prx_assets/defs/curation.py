@@ -1,0 +1,90 @@
+"""curated_subsets: one partition per recipe, ids pinned to a Lance version."""
+
+import dagster as dg
+from pydantic import Field
+
+from prx_assets.core.curation import select
+from prx_assets.core.lab import PUBLISHED_TAG, embedding_column
+from prx_assets.core.query import open_lab
+from prx_assets.core.recipes import load_recipes
+from prx_assets.core.subsets import write_subset
+from prx_assets.defs.lab import lance_table
+from prx_assets.defs.partitions import recipe_partitions
+from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+CURATION_CODE_VERSION = "curation-1"
+
+
+def _recipes_path(project: ProjectConfigResource) -> str:
+    return project.sources_path().rsplit("/", 1)[0] + "/recipes.yaml"
+
+
+def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + recipe hash + the published lab version."""
+    from prx_assets.core.config import config_dir
+
+    recipe = load_recipes(config_dir() / "recipes.yaml").get(partition_key or "")
+    try:
+        version = open_lab(ctx.root, tag=PUBLISHED_TAG).version
+    except Exception:  # no published lab yet: the partition cannot be up to date
+        version = -1
+    return digest(CURATION_CODE_VERSION, recipe.recipe_hash(), version)
+
+
+register_fingerprint("curated_subsets", curated_fingerprint)
+
+
+class CurationConfig(dg.Config):
+    """Which lab version a subset is cut from."""
+
+    lance_version: int | None = Field(
+        default=None, description="Lance version to read; default: the version tagged 'published'.")
+
+
+@dg.asset(
+    partitions_def=recipe_partitions,
+    deps=[lance_table],
+    group_name="curation",
+    kinds={"lance", "python"},
+    code_version=CURATION_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "curate"},
+)
+def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, storage: StorageResource,
+                    project: ProjectConfigResource) -> dg.MaterializeResult:
+    """The image ids a recipe selects from the lab, pinned to one Lance version.
+
+    Non-destructive: the lab is only read. The recipe's predicate, resolution and bucket
+    rules are pushed down to Lance; opt-out lists, caption availability, exact/perceptual/
+    embedding dedup and the seeded cap follow, each with a drop count. The version is
+    tagged so cleanup keeps it; re-running against the same version and recipe writes the
+    identical subset. The data version is the subset id ``v<lance version>-<recipe hash>``.
+    """
+    recipe = load_recipes(_recipes_path(project)).get(context.partition_key)
+    models = project.models()
+    root = storage.root()
+    ds = open_lab(root, version=config.lance_version,
+                  tag=None if config.lance_version is not None else PUBLISHED_TAG)
+    emb_col = embedding_column(models.embedder.embedder_id()) if models.embedder else None
+    subset = select(ds, recipe, known_captioner_ids=models.captioner_ids(), embedding_column=emb_col)
+    stored = write_subset(root, ds, recipe, subset)
+    context.log.info(f"{recipe.name}: {len(subset.image_ids)} of {subset.total} images at Lance version "
+                     f"{subset.version}; dropped {subset.dropped}")
+    fp = digest(CURATION_CODE_VERSION, recipe.recipe_hash(), subset.version)
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(stored.subset_id),
+        metadata={
+            "dagster/row_count": dg.MetadataValue.int(len(subset.image_ids)),
+            "subset_id": stored.subset_id,
+            "subset_uri": dg.MetadataValue.path(stored.uri),
+            "lance_version": subset.version,
+            "lance_tag": stored.tag,
+            "recipe_hash": recipe.recipe_hash(),
+            "dropped_by_rule": dg.MetadataValue.json(subset.dropped),
+            "aspect_buckets": dg.MetadataValue.json(subset.buckets),
+            "caption_columns": dg.MetadataValue.json(subset.caption_columns),
+            "candidates": subset.total,
+            FINGERPRINT_KEY: dg.MetadataValue.text(fp),
+        },
+    )
