@@ -40,7 +40,7 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     # 3 sources, one batch each at this size; 2 captioners; one embedder.
     assert ran.count("raw_images") == 3 and ran.count("recaptions") == 6
     assert ran.count("image_embeddings") == 3
-    assert ran[-3:] == ["lance_table", "curated_subsets", "curated_subsets"]
+    assert ran[-5:] == ["lance_table", "curated_subsets", "curated_subsets", "mds_shards", "mds_shards"]
     assert ran.index("recaptions") > max(i for i, a in enumerate(ran) if a == "raw_images")
     assert "check jpeg_q92_cycles: passed" in out
 
@@ -58,7 +58,7 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     # The webshards partitions and, in the same run, everything downstream of them.
     assert [line.split()[1] for line in ran] == ["raw_images", "image_embeddings", "recaptions",
                                                  "recaptions", "lance_table", "curated_subsets",
-                                                 "curated_subsets"]
+                                                 "curated_subsets", "mds_shards", "mds_shards"]
     assert all("webshards-" in line for line in ran[:4])
     # Captions depend on the original content (sha256), which did not change: none recomputed.
     assert all("0 computed" in line for line in ran if "recaptions" in line)
@@ -145,3 +145,41 @@ def instance_subset_id(config: Path, recipe: str) -> str:
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("curated_subsets"), asset_partitions=[recipe]),
             limit=1).records[0].asset_materialization
     return rec.metadata["subset_id"].value
+
+
+def test_mds_shard_sets_read_back_exactly(small_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import lance
+
+    from prx_assets.core.config import data_root
+    from prx_assets.core.shards import open_stream
+
+    assert main(["run"]) == 0
+    out = capsys.readouterr().out
+    assert "mds_shards demo_all: ok" in out and "check mds_readback: passed" in out
+    root = DataRoot(data_root())
+    with dg.DagsterInstance.get() as instance:
+        rec = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("mds_shards"), asset_partitions=["demo_square_ish"]),
+            limit=1).records[0].asset_materialization
+    set_id = rec.tags["dagster/data_version"]
+    manifest = json.loads(root.read_bytes(f"mds/demo_square_ish/{set_id}/manifest.json"))
+    assert manifest["samples"] == rec.metadata["dagster/row_count"].value > 0
+    assert manifest["caption_plan"]["mode"] == "mix" and set(manifest["caption_plan"]["weights"]) == {
+        "caption_detailed", "caption_short"}
+    assert manifest["lance_version"] and manifest["recipe"] == "demo_square_ish"
+    assert not [p for p in root.list("mds") if ".staging-" in p]
+    sds = open_stream(manifest["uri"])
+    lab = lance.dataset(manifest["lance_uri"], version=manifest["lance_version"])
+    ids = []
+    for i in range(len(sds)):
+        s = sds[i]
+        ids.append(s["image_id"])
+        row = lab.to_table(columns=["jpeg", "orig_width"], filter=f"image_id = '{s['image_id']}'").to_pylist()[0]
+        assert s["image"] == row["jpeg"] and s["original_width"] == row["orig_width"]
+        assert isinstance(s["caption_detailed"], str) and isinstance(s["caption_short"], str)
+    subset_ids = json.loads(root.read_bytes(f"curated/demo_square_ish/{manifest['subset_id']}/subset.json"))
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == subset_ids["selected"]
+    assert main(["run"]) == 0
+    assert "everything is up to date" in capsys.readouterr().out

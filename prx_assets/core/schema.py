@@ -93,3 +93,24 @@ def embeddings_schema(dim: int) -> pa.Schema:
                  metadata={"doc": "L2-normalized image vector"}),
         pa.field("model", pa.string(), nullable=False),
     ])
+
+
+#: MDS columns of a shard set, named after Photoroom's PRX training code so that trainer can
+#: consume our shards unchanged: exact stored JPEG bytes in ``image``, captions in string
+#: columns named by caption key, ``original_width`` / ``original_height``.
+MDS_BASE_COLUMNS: dict[str, str] = {
+    "image": "bytes",
+    "image_id": "str",
+    "source": "str",
+    "width": "int32",
+    "height": "int32",
+    "original_width": "int32",
+    "original_height": "int32",
+    "aspect_bucket": "str",
+}
+
+#: Lab column feeding each MDS base column.
+MDS_FROM_LAB: dict[str, str] = {
+    "image": "jpeg", "image_id": "image_id", "source": "source", "width": "width", "height": "height",
+    "original_width": "orig_width", "original_height": "orig_height", "aspect_bucket": "aspect_bucket",
+}

@@ -9,6 +9,7 @@ never duplicates rows, readers never see a half-replaced partition, and unchange
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import pyarrow as pa
 
 from prx_assets.core.schema import LANCE_DIR
 from prx_assets.core.storage import DataRoot
+from prx_assets.errors import StorageError
 
 
 def table_uri(root: DataRoot, name: str) -> str:
@@ -40,21 +42,31 @@ def open_table(uri: str, storage_options: dict[str, str] | None = None,
         raise
 
 
-def open_or_create(uri: str, schema: pa.Schema,
-                   storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
-    """Open the dataset, creating it empty with ``schema`` if needed (race-safe)."""
+def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] | None = None,
+                   wait_seconds: float = 60.0) -> lance.LanceDataset:
+    """Open the dataset, creating it empty with ``schema`` if needed (race-safe).
+
+    Writers racing to create the same table claim a marker next to it with a
+    create-if-absent write; only the winner creates, the others wait for the table to
+    appear. (Two plain creates can land as create + overwrite, and an overwrite is a
+    conflict no later commit can retry past.)
+    """
     ds = open_table(uri, storage_options)
     if ds is not None:
         return ds
-    try:
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    marker_root = DataRoot(parent)
+    if marker_root.write_new(f".{name}.creating", b"1"):
         return lance.write_dataset(schema.empty_table(), uri, schema=schema, mode="create",
                                    storage_options=storage_options)
-    except (OSError, ValueError) as e:
-        # Another writer created it between our open and our create.
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
         ds = open_table(uri, storage_options)
-        if ds is None:
-            raise e
-        return ds
+        if ds is not None:
+            return ds
+        time.sleep(0.05)
+    raise StorageError(f"table {uri} was claimed for creation by another writer but did not appear within "
+                       f"{wait_seconds:.0f}s; if that writer died, delete {parent}/.{name}.creating and retry")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,228 @@
+"""MDS shard sets: immutable, atomically published serializations of curated subsets.
+
+A shard set is written from a subset (image ids pinned to a Lance version) with the
+exact stored JPEG bytes (never re-encoded), the chosen caption column(s) and metadata
+(see ``MDS_BASE_COLUMNS``). Parallel writers each write a part folder and
+``merge_index`` joins their indexes. Publication is atomic: on a filesystem the set is
+written in a staging folder and renamed into place; on an object store the shard files
+are uploaded first and ``index.json`` then ``manifest.json`` last, so a reader (which
+needs ``index.json``) never sees a partial set. ``manifest.json`` records the lineage.
+
+Caption columns: with ``captions: [a, b]`` the set has one ``caption`` column holding the
+first available caption in that order; with ``caption_mix: {a: w, b: w}`` it has one
+column per captioner, ``caption_<name>``, and the weights are in the manifest for the
+trainer to sample from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lance
+
+from prx_assets.core.lab import caption_column
+from prx_assets.core.recipes import Recipe
+from prx_assets.core.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
+from prx_assets.core.storage import DataRoot, split_s3
+from prx_assets.errors import PrxError
+
+MDS_DIR = "mds"
+SHARDS_CODE_VERSION = "shards-1"
+
+
+class ShardError(PrxError):
+    """A shard set cannot be written or verified."""
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """How a shard set is written (part of its identity)."""
+
+    size_limit: int = 64 * 1024 * 1024
+    compression: str | None = None
+    hashes: tuple[str, ...] = ("xxh64",)
+    workers: int = 2
+
+    def key(self) -> str:
+        """Short identity of the settings that change the files."""
+        import hashlib
+
+        payload = json.dumps({"size_limit": self.size_limit, "compression": self.compression,
+                              "hashes": list(self.hashes), "code": SHARDS_CODE_VERSION}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:8]
+
+
+def caption_plan(recipe: Recipe, caption_columns: Sequence[str], captioner_ids: Sequence[str]) -> dict[str, Any]:
+    """MDS caption columns and where each comes from (see module docs)."""
+    def col_for(name: str) -> str:
+        ids = [i for i in captioner_ids if i == name or i.rsplit("-", 1)[0] == name]
+        cols = [caption_column(i) for i in ids] or [caption_column(name)]
+        found = next((c for c in cols if c in caption_columns), None)
+        if found is None:
+            raise ShardError(f"recipe {recipe.name!r}: captioner {name!r} has no caption column in the subset")
+        return found
+
+    if recipe.caption_mix:
+        return {"mode": "mix", "columns": {f"caption_{n}": [col_for(n)] for n, _ in recipe.caption_mix},
+                "weights": {f"caption_{n}": w for n, w in recipe.caption_mix}}
+    if recipe.captions:
+        return {"mode": "first_available", "columns": {"caption": [col_for(n) for n in recipe.captions]},
+                "weights": {"caption": 1.0}}
+    return {"mode": "none", "columns": {}, "weights": {}}
+
+
+def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: dict[str, str],
+                plan: dict[str, Any], settings: ShardSettings) -> int:
+    from streaming import MDSWriter
+
+    lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *(c for cs in plan["columns"].values() for c in cs)]))
+    written = 0
+    with MDSWriter(out=out, columns=columns, compression=settings.compression,
+                   hashes=list(settings.hashes) or None, size_limit=settings.size_limit) as writer:
+        for i in range(0, len(ids), 512):
+            chunk = ids[i:i + 512]
+            quoted = ", ".join("'" + x + "'" for x in chunk)
+            rows = {r["image_id"]: r for r in lab.to_table(columns=lab_cols,
+                                                             filter=f"image_id IN ({quoted})").to_pylist()}
+            for image_id in chunk:
+                r = rows.get(image_id)
+                if r is None:
+                    raise ShardError(f"image {image_id!r} is in the subset but not in Lance version {lab.version}")
+                sample = {k: r[v] for k, v in MDS_FROM_LAB.items()}
+                for mds_col, sources in plan["columns"].items():
+                    sample[mds_col] = next((r[c] for c in sources if r[c]), "")
+                writer.write(sample)
+                written += 1
+    return written
+
+
+def mds_columns(plan: dict[str, Any]) -> dict[str, str]:
+    """MDS column encodings of a shard set with this caption plan."""
+    return {**MDS_BASE_COLUMNS, **{c: "str" for c in plan["columns"]}}
+
+
+def shard_set_id(subset_id: str, settings: ShardSettings) -> str:
+    """Identity of a shard set: its subset and its write settings."""
+    return f"{subset_id}-s{settings.key()}"
+
+
+def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, subset_manifest: dict[str, Any],
+                    ids: Sequence[str], captioner_ids: Sequence[str], settings: ShardSettings,
+                    lineage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write and publish the shard set of a subset; return its manifest (reused if already published)."""
+    from streaming.base.util import merge_index
+
+    set_id = shard_set_id(subset_manifest["subset_id"], settings)
+    rel = f"{MDS_DIR}/{recipe.name}/{set_id}"
+    if root.exists(f"{rel}/manifest.json"):
+        return json.loads(root.read_bytes(f"{rel}/manifest.json"))
+    plan = caption_plan(recipe, subset_manifest["caption_columns"], captioner_ids)
+    columns = mds_columns(plan)
+    started = time.perf_counter()
+    staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
+        Path(root.join(MDS_DIR, recipe.name, f".staging-{set_id}-{uuid.uuid4().hex[:8]}"))
+    try:
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        workers = max(1, min(settings.workers, len(ids) // 256 or 1))
+        parts = [list(ids[i::workers]) for i in range(workers)] if workers > 1 else [list(ids)]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            counts = list(pool.map(lambda a: _write_part(lab, a[1], str(staging / f"part-{a[0]:05d}"),
+                                                         columns, plan, settings), enumerate(parts)))
+        merge_index(str(staging), keep_local=True)
+        index = json.loads((staging / "index.json").read_text())
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        manifest = {
+            "shard_set_id": set_id, "recipe": recipe.name, "recipe_hash": recipe.recipe_hash(),
+            "subset_id": subset_manifest["subset_id"], "lance_uri": subset_manifest["lance_uri"],
+            "lance_version": subset_manifest["lance_version"], "lance_tag": subset_manifest.get("lance_tag"),
+            "captioner_ids": [c for c in captioner_ids if any(caption_column(c) in cs
+                                                                for cs in plan["columns"].values())],
+            "caption_plan": plan, "columns": columns, "code_version": SHARDS_CODE_VERSION,
+            "samples": sum(counts), "shards": len(index["shards"]),
+            "bytes": sum(p.stat().st_size for p in files if p.name.endswith(".mds") or ".mds." in p.name),
+            "settings": {"size_limit": settings.size_limit, "compression": settings.compression,
+                         "hashes": list(settings.hashes), "parallel_writers": len(parts)},
+            "uri": root.join(rel), "seconds": round(time.perf_counter() - started, 3),
+            **(lineage or {}),
+        }
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        _publish(root, staging, rel)
+        return manifest
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(root: DataRoot, staging: Path, rel: str) -> None:
+    if not root.remote:
+        final = Path(root.join(rel))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(staging, final)  # atomic on one filesystem; fails if another writer won
+        except OSError:
+            if not (final / "manifest.json").is_file():
+                raise
+        return
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    last = [staging / "index.json", staging / "manifest.json"]
+    for p in [f for f in files if f not in last] + last:
+        root.write_bytes(f"{rel}/{p.relative_to(staging).as_posix()}", p.read_bytes())
+
+
+def open_stream(uri: str, cache: str | None = None, **kwargs: Any) -> Any:
+    """A ``StreamingDataset`` over a published shard set (local folder or ``s3://``)."""
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    if uri.startswith("s3://"):
+        split_s3(uri)
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:  # mosaicml-streaming reads its endpoint from S3_ENDPOINT_URL
+            os.environ.setdefault("S3_ENDPOINT_URL", endpoint)
+        local = cache or tempfile.mkdtemp(prefix="prx-mds-cache-")
+        return StreamingDataset(remote=uri, local=local, **kwargs)
+    return StreamingDataset(local=uri, **kwargs)
+
+
+@dataclass
+class Verification:
+    """What reading a shard set back found."""
+
+    samples: int
+    expected: int
+    checked: int
+    mismatched: list[str]
+
+    @property
+    def passed(self) -> bool:
+        """All samples present and every checked image byte-identical to the lab."""
+        return self.samples == self.expected and not self.mismatched
+
+
+def verify_shard_set(manifest: dict[str, Any], lab: lance.LanceDataset, sample: int = 16,
+                     seed: int = 0, cache: str | None = None) -> Verification:
+    """Read the set back with ``StreamingDataset``: count, hashes (checked by the reader when
+    the set has them) and a sample of images byte-identical to the lab version."""
+    import numpy as np
+
+    sds = open_stream(manifest["uri"], cache=cache, validate_hash=(manifest["settings"]["hashes"] or [None])[0])
+    n = len(sds)
+    picks = np.random.default_rng(seed).permutation(n)[: min(sample, n)] if n else []
+    mismatched = []
+    for i in picks:
+        s = sds[int(i)]
+        row = lab.to_table(columns=["jpeg"], filter=f"image_id = '{s['image_id']}'")
+        if row.num_rows != 1 or row.column(0)[0].as_py() != s["image"]:
+            mismatched.append(s["image_id"])
+    return Verification(samples=n, expected=int(manifest["samples"]), checked=len(picks), mismatched=mismatched)

@@ -1,0 +1,133 @@
+"""mds_shards: one immutable MDS shard set per recipe, verified by reading it back."""
+
+import json
+
+import dagster as dg
+import lance
+from pydantic import Field
+
+from prx_assets.core.recipes import load_recipes
+from prx_assets.core.shards import (
+    MDS_DIR,
+    SHARDS_CODE_VERSION,
+    ShardSettings,
+    verify_shard_set,
+    write_shard_set,
+)
+from prx_assets.core.subsets import read_subset
+from prx_assets.defs.curation import _recipes_path, curated_subsets
+from prx_assets.defs.partitions import recipe_partitions
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FingerprintContext,
+    digest,
+    previous_data_version,
+    register_fingerprint,
+)
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+
+class ShardConfig(dg.Config):
+    """How shard sets are written."""
+
+    size_limit_mb: int = Field(default=64, description="Shard size limit in MiB.")
+    compression: str | None = Field(default=None, description="MDS compression, e.g. zstd (JPEGs gain little).")
+    hashes: list[str] = Field(default=["xxh64"], description="Hashes recorded per shard and checked on read.")
+    workers: int = Field(default=2, description="Parallel writers (their indexes are merged).")
+
+
+def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + the recipe's current subset id."""
+    rec = ctx.instance.get_latest_data_version_record(dg.AssetKey("curated_subsets"),
+                                                      partition_key=partition_key) if ctx.instance else None
+    sid = rec.asset_materialization.tags.get("dagster/data_version", "") if rec and rec.asset_materialization \
+        else ""
+    return digest(SHARDS_CODE_VERSION, sid)
+
+
+register_fingerprint("mds_shards", shards_fingerprint)
+
+
+def _subset_of(context: dg.AssetExecutionContext) -> str:
+    dv = context.instance.get_latest_data_version_record(dg.AssetKey("curated_subsets"),
+                                                         partition_key=context.partition_key)
+    if dv is None or dv.asset_materialization is None:
+        raise dg.Failure(f"curated_subsets has no materialization for recipe {context.partition_key!r}; "
+                         "materialize it first")
+    return dv.asset_materialization.tags["dagster/data_version"]
+
+
+@dg.asset(
+    partitions_def=recipe_partitions,
+    deps=[curated_subsets],
+    group_name="curation",
+    kinds={"mosaicml", "python"},
+    code_version=SHARDS_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "shards"},
+)
+def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: StorageResource,
+               project: ProjectConfigResource) -> dg.MaterializeResult:
+    """The recipe's current curated subset written as an immutable MosaicML MDS shard set.
+
+    Exact stored q92 JPEG bytes in ``image`` (no re-encode), captions in string columns
+    named by caption key, ``original_width``/``original_height`` and metadata, following
+    PRX's MDS conventions. Written under ``<data root>/mds/<recipe>/<shard set id>/`` and
+    published atomically with a ``manifest.json`` recording recipe, Lance version,
+    captioner ids, code version, sample and shard counts and bytes. The data version is
+    the shard set id; no text latents are precomputed.
+    """
+    recipe = load_recipes(_recipes_path(project)).get(context.partition_key)
+    root = storage.root()
+    sid = _subset_of(context)
+    subset_manifest, ids = read_subset(root, recipe.name, sid)
+    lab = lance.dataset(subset_manifest["lance_uri"], version=subset_manifest["lance_version"],
+                        storage_options=root.storage_options())
+    settings = ShardSettings(size_limit=config.size_limit_mb * 1024 * 1024, compression=config.compression,
+                             hashes=tuple(config.hashes), workers=config.workers)
+    manifest = write_shard_set(root, lab, recipe, subset_manifest, ids, project.models().captioner_ids(),
+                               settings, lineage={"dagster_run_id": context.run.run_id})
+    context.log.info(f"{recipe.name}: {manifest['samples']} samples in {manifest['shards']} shards at "
+                     f"{manifest['uri']}")
+    version = manifest["shard_set_id"]
+    if previous_data_version(context) == version:
+        context.log.info("shard set already published; reusing it")
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(version),
+        metadata={
+            "dagster/row_count": dg.MetadataValue.int(manifest["samples"]),
+            "shard_set_id": version,
+            "uri": dg.MetadataValue.path(manifest["uri"]),
+            "manifest": dg.MetadataValue.path(f"{manifest['uri']}/manifest.json"),
+            "shards": manifest["shards"],
+            "bytes": manifest["bytes"],
+            "lance_version": manifest["lance_version"],
+            "subset_id": manifest["subset_id"],
+            "captioner_ids": dg.MetadataValue.json(manifest["captioner_ids"]),
+            "caption_columns": dg.MetadataValue.json(manifest["caption_plan"]),
+            "columns": dg.MetadataValue.json(manifest["columns"]),
+            FINGERPRINT_KEY: dg.MetadataValue.text(digest(SHARDS_CODE_VERSION, sid)),
+        },
+    )
+
+
+@dg.asset_check(asset=mds_shards, partitions_def=recipe_partitions, blocking=True)
+def mds_readback(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+    """Reads the shard set back with StreamingDataset: sample count, per-shard hashes, and a
+    sample of images byte-identical to the pinned Lance version."""
+    rec = context.instance.get_latest_data_version_record(dg.AssetKey("mds_shards"),
+                                                          partition_key=context.partition_key)
+    if rec is None or rec.asset_materialization is None:
+        return dg.AssetCheckResult(passed=False, description="mds_shards has no materialization")
+    root = storage.root()
+    set_id = rec.asset_materialization.tags["dagster/data_version"]
+    manifest = json.loads(root.read_bytes(f"{MDS_DIR}/{context.partition_key}/{set_id}/manifest.json"))
+    lab = lance.dataset(manifest["lance_uri"], version=manifest["lance_version"],
+                        storage_options=root.storage_options())
+    v = verify_shard_set(manifest, lab)
+    return dg.AssetCheckResult(
+        passed=v.passed,
+        description=None if v.passed else f"{v.samples}/{v.expected} samples, mismatched {v.mismatched[:5]}",
+        metadata={"samples": v.samples, "expected": v.expected, "checked_images": v.checked,
+                  "mismatched": dg.MetadataValue.json(v.mismatched)},
+    )
