@@ -83,6 +83,11 @@ def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, An
     if (config_dir() / "recipes.yaml").is_file():
         wanted.append((recipe_partitions.name or "recipes",
                        [r.name for r in load_recipes(config_dir() / "recipes.yaml").recipes]))
+    if (config_dir() / "mixtures.yaml").is_file():
+        from prx_assets.core.mixture import load_mixtures
+        from prx_assets.defs.partitions import mixture_partitions
+
+        wanted.append((mixture_partitions.name or "mixtures", list(load_mixtures(config_dir() / "mixtures.yaml"))))
     for name, keys in wanted:
         known = set(instance.get_dynamic_partitions(name))
         fresh = [k for k in keys if k not in known]

@@ -12,12 +12,14 @@ from prx_assets.defs.curation import curated_subsets
 from prx_assets.defs.enrichment import caption_quality, image_embeddings, recaptions
 from prx_assets.defs.ingest import ingest_job, jpeg_q92_cycles, raw_batch_sensor, raw_images
 from prx_assets.defs.lab import lance_maintenance, lance_maintenance_schedule, lance_table
+from prx_assets.defs.mixture import training_mixture
 from prx_assets.defs.shards import mds_readback, mds_shards
 from prx_assets.resources.models import CaptionerResource, EmbedderResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 defs = dg.Definitions(
-    assets=[raw_images, recaptions, image_embeddings, lance_table, curated_subsets, mds_shards],
+    assets=[raw_images, recaptions, image_embeddings, lance_table, curated_subsets, mds_shards,
+            training_mixture],
     asset_checks=[jpeg_q92_cycles, caption_quality, mds_readback],
     jobs=[ingest_job, lance_maintenance],
     schedules=[lance_maintenance_schedule],

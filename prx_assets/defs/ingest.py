@@ -17,7 +17,12 @@ from prx_assets.core.schema import IMAGES_TABLE
 from prx_assets.core.sources import reader_for
 from prx_assets.core.storage import DataRoot
 from prx_assets.core.table import open_table, table_uri
-from prx_assets.defs.partitions import captioner_partitions, raw_batches, recipe_partitions
+from prx_assets.defs.partitions import (
+    captioner_partitions,
+    mixture_partitions,
+    raw_batches,
+    recipe_partitions,
+)
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
@@ -217,7 +222,8 @@ def raw_batch_sensor(context: dg.SensorEvaluationContext, storage: StorageResour
     new_keys = [k for r in reports for k in r["all_batches"] if k not in existing]
     requests = [raw_batches.build_add_request(new_keys)] if new_keys else []
     for pdef, keys in ((captioner_partitions, configured_captioner_ids(project)),
-                       (recipe_partitions, configured_recipe_names(project))):
+                       (recipe_partitions, configured_recipe_names(project)),
+                       (mixture_partitions, configured_mixture_names(project))):
         known = set(context.instance.get_dynamic_partitions(pdef.name or ""))
         fresh = [k for k in keys if k not in known]
         if fresh:
@@ -241,6 +247,16 @@ def configured_recipe_names(project: ProjectConfigResource) -> list[str]:
 
     path = project.sources_path().rsplit("/", 1)[0] + "/recipes.yaml"
     return [r.name for r in load_recipes(path).recipes] if os.path.isfile(path) else []
+
+
+def configured_mixture_names(project: ProjectConfigResource) -> list[str]:
+    """Mixture names from mixtures.yaml (none when the file does not exist)."""
+    import os
+
+    from prx_assets.core.mixture import load_mixtures
+
+    path = project.sources_path().rsplit("/", 1)[0] + "/mixtures.yaml"
+    return list(load_mixtures(path)) if os.path.isfile(path) else []
 
 
 def configured_captioner_ids(project: ProjectConfigResource) -> list[str]:

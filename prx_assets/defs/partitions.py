@@ -17,3 +17,6 @@ recaption_partitions = dg.MultiPartitionsDefinition(
 
 #: One partition per recipe in recipes.yaml; recipes added to the file appear as partitions.
 recipe_partitions = dg.DynamicPartitionsDefinition(name="recipes")
+
+#: One partition per mixture in mixtures.yaml.
+mixture_partitions = dg.DynamicPartitionsDefinition(name="mixtures")

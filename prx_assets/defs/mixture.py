@@ -1,0 +1,84 @@
+"""training_mixture: streams and proportions over the current shard sets, one partition per mixture."""
+
+import json
+
+import dagster as dg
+
+from prx_assets.core.mixture import MIXTURE_DIR, load_mixtures, resolve
+from prx_assets.core.recipes import load_recipes
+from prx_assets.core.shards import MDS_DIR
+from prx_assets.defs.curation import _recipes_path
+from prx_assets.defs.partitions import mixture_partitions
+from prx_assets.defs.shards import mds_shards
+from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+MIXTURE_CODE_VERSION = "mixture-1"
+
+
+def _current_shard_set(instance: dg.DagsterInstance, recipe: str) -> str:
+    rec = instance.get_latest_data_version_record(dg.AssetKey("mds_shards"), partition_key=recipe)
+    if rec is None or rec.asset_materialization is None:
+        raise dg.Failure(f"recipe {recipe!r} has no published shard set; materialize mds_shards[{recipe}] first")
+    return rec.asset_materialization.tags["dagster/data_version"]
+
+
+def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + the mixture's streams + their current shard set ids."""
+    from prx_assets.core.config import config_dir
+
+    mix = load_mixtures(config_dir() / "mixtures.yaml")[partition_key or ""]
+    ids = []
+    for s in mix.streams:
+        rec = ctx.instance.get_latest_data_version_record(dg.AssetKey("mds_shards"), partition_key=s.recipe) \
+            if ctx.instance else None
+        ids.append(rec.asset_materialization.tags.get("dagster/data_version") if rec and rec.asset_materialization
+                   else "")
+    return digest(MIXTURE_CODE_VERSION, repr(mix), ids)
+
+
+register_fingerprint("training_mixture", mixture_fingerprint)
+
+
+@dg.asset(
+    partitions_def=mixture_partitions,
+    deps=[dg.AssetDep(mds_shards, partition_mapping=dg.AllPartitionMapping())],
+    group_name="training",
+    kinds={"mosaicml", "json"},
+    code_version=MIXTURE_CODE_VERSION,
+    owners=["team:training"],
+    tags={"stage": "mixture"},
+)
+def training_mixture(context: dg.AssetExecutionContext, storage: StorageResource,
+                     project: ProjectConfigResource) -> dg.MaterializeResult:
+    """A mixture spec (JSON) the trainer consumes: each stream pinned to its recipe's current
+    published shard set, with proportion/repeat/choose and the expected samples per stream
+    per epoch. The data version is the spec's hash, so one spec version means one training run."""
+    root = storage.root()
+    recipes = [r.name for r in load_recipes(_recipes_path(project)).recipes]
+    mixtures = load_mixtures(project.sources_path().rsplit("/", 1)[0] + "/mixtures.yaml", known_recipes=recipes)
+    mix = mixtures[context.partition_key]
+
+    def manifest(recipe: str) -> dict:
+        set_id = _current_shard_set(context.instance, recipe)
+        return json.loads(root.read_bytes(f"{MDS_DIR}/{recipe}/{set_id}/manifest.json"))
+
+    spec = resolve(mix, manifest)
+    rel = f"{MIXTURE_DIR}/{mix.name}/{spec['mixture_version']}.json"
+    root.write_bytes(rel, json.dumps(spec, indent=1, sort_keys=True).encode())
+    table = "\n".join(["| stream | shard set | samples | weighting | expected per epoch |", "|---|---|---|---|---|"] +
+                      [f"| {s['recipe']} | {s['shard_set_id']} | {s['samples']} | "
+                       f"{'proportion ' + str(s['proportion']) if s['proportion'] is not None else 'repeat ' + str(s['repeat']) if s['repeat'] is not None else 'choose ' + str(s['choose'])} | "
+                       f"{spec['expected_samples_per_stream'][s['recipe']]} |" for s in spec["streams"]])
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(spec["mixture_version"]),
+        metadata={
+            "spec_uri": dg.MetadataValue.path(root.join(rel)),
+            "mixture_version": spec["mixture_version"],
+            "epoch_size": spec["epoch_size"],
+            "streams": dg.MetadataValue.md(table),
+            "expected_samples_per_stream": dg.MetadataValue.json(spec["expected_samples_per_stream"]),
+            FINGERPRINT_KEY: dg.MetadataValue.text(mixture_fingerprint(
+                FingerprintContext(root=root, sources=None, instance=context.instance), context.partition_key)),
+        },
+    )
