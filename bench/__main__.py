@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("ingest", "captions", "lab")
+BENCHES = ("ingest", "captions", "lab", "shards")
 
 
 def main(argv: list[str]) -> int:
