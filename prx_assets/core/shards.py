@@ -52,13 +52,15 @@ class ShardSettings:
     compression: str | None = None
     hashes: tuple[str, ...] = ("xxh64",)
     workers: int = 2
+    by_bucket: bool = False
 
     def key(self) -> str:
         """Short identity of the settings that change the files."""
         import hashlib
 
         payload = json.dumps({"size_limit": self.size_limit, "compression": self.compression,
-                              "hashes": list(self.hashes), "code": SHARDS_CODE_VERSION}, sort_keys=True)
+                              "hashes": list(self.hashes), "by_bucket": self.by_bucket,
+                              "code": SHARDS_CODE_VERSION}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:8]
 
 
@@ -106,6 +108,24 @@ def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: 
     return written
 
 
+def merge_part_indexes(root: Path, parts: Sequence[Path]) -> None:
+    """Write ``root/index.json`` over part folders at any depth (``merge_index`` handles one level)."""
+    shards = []
+    for d in parts:
+        rel = d.relative_to(root).as_posix()
+        for sh in json.loads((d / "index.json").read_text())["shards"]:
+            for key in ("raw_data", "zip_data"):
+                if sh.get(key):
+                    sh[key]["basename"] = f"{rel}/{sh[key]['basename']}"
+            shards.append(sh)
+    (root / "index.json").write_text(json.dumps({"version": 2, "shards": shards}, sort_keys=True))
+
+
+def bucket_dir(bucket: str) -> str:
+    """Folder name of an aspect bucket's sub-stream (``16:9`` -> ``bucket_16x9``)."""
+    return "bucket_" + bucket.replace(":", "x")
+
+
 def mds_columns(plan: dict[str, Any]) -> dict[str, str]:
     """MDS column encodings of a shard set with this caption plan."""
     return {**MDS_BASE_COLUMNS, **{c: "str" for c in plan["columns"]}}
@@ -133,12 +153,33 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
         Path(root.join(MDS_DIR, recipe.name, f".staging-{set_id}-{uuid.uuid4().hex[:8]}"))
     try:
         staging.parent.mkdir(parents=True, exist_ok=True)
-        workers = max(1, min(settings.workers, len(ids) // 256 or 1))
-        parts = [list(ids[i::workers]) for i in range(workers)] if workers > 1 else [list(ids)]
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            counts = list(pool.map(lambda a: _write_part(lab, a[1], str(staging / f"part-{a[0]:05d}"),
-                                                         columns, plan, settings), enumerate(parts)))
-        merge_index(str(staging), keep_local=True)
+        groups: dict[str, list[str]] = {"": list(ids)}
+        if settings.by_bucket:  # one sub-stream (folder with its own index.json) per aspect bucket
+            groups = {}
+            for part in range(0, len(ids), 1000):
+                chunk = ids[part:part + 1000]
+                quoted = ", ".join("'" + x + "'" for x in chunk)
+                for r in lab.to_table(columns=["image_id", "aspect_bucket"],
+                                      filter=f"image_id IN ({quoted})").to_pylist():
+                    groups.setdefault(bucket_dir(r["aspect_bucket"]), []).append(r["image_id"])
+            groups = {k: sorted(v) for k, v in sorted(groups.items())}
+        jobs = []
+        for sub, sub_ids in groups.items():
+            workers = max(1, min(settings.workers, len(sub_ids) // 256 or 1))
+            for i in range(workers):
+                jobs.append((sub, sub_ids[i::workers], len(jobs)))
+        with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
+            counts = list(pool.map(lambda j: _write_part(
+                lab, j[1], str(staging / j[0] / f"part-{j[2]:05d}"), columns, plan, settings), jobs))
+        streams = {}
+        for sub in groups:
+            if sub:
+                merge_index(str(staging / sub), keep_local=True)
+                streams[sub] = {"path": sub, "samples": len(groups[sub])}
+        if streams:  # the whole set as one stream too: an index over every part of every bucket
+            merge_part_indexes(staging, sorted(staging.glob("*/part-*")))
+        else:
+            merge_index(str(staging), keep_local=True)
         index = json.loads((staging / "index.json").read_text())
         files = sorted(p for p in staging.rglob("*") if p.is_file())
         manifest = {
@@ -151,7 +192,9 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             "samples": sum(counts), "shards": len(index["shards"]),
             "bytes": sum(p.stat().st_size for p in files if p.name.endswith(".mds") or ".mds." in p.name),
             "settings": {"size_limit": settings.size_limit, "compression": settings.compression,
-                         "hashes": list(settings.hashes), "parallel_writers": len(parts)},
+                         "hashes": list(settings.hashes), "parallel_writers": len(jobs),
+                         "by_bucket": settings.by_bucket},
+            "bucket_streams": streams,
             "uri": root.join(rel), "seconds": round(time.perf_counter() - started, 3),
             **(lineage or {}),
         }

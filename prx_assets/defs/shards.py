@@ -34,6 +34,7 @@ class ShardConfig(dg.Config):
     compression: str | None = Field(default=None, description="MDS compression, e.g. zstd (JPEGs gain little).")
     hashes: list[str] = Field(default=["xxh64"], description="Hashes recorded per shard and checked on read.")
     workers: int = Field(default=2, description="Parallel writers (their indexes are merged).")
+    by_bucket: bool = Field(default=False, description="Also one sub-stream (own index.json) per aspect bucket.")
 
 
 def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
@@ -84,7 +85,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     lab = lance.dataset(subset_manifest["lance_uri"], version=subset_manifest["lance_version"],
                         storage_options=root.storage_options())
     settings = ShardSettings(size_limit=config.size_limit_mb * 1024 * 1024, compression=config.compression,
-                             hashes=tuple(config.hashes), workers=config.workers)
+                             hashes=tuple(config.hashes), workers=config.workers, by_bucket=config.by_bucket)
     manifest = write_shard_set(root, lab, recipe, subset_manifest, ids, project.models().captioner_ids(),
                                settings, lineage={"dagster_run_id": context.run.run_id})
     context.log.info(f"{recipe.name}: {manifest['samples']} samples in {manifest['shards']} shards at "

@@ -142,3 +142,25 @@ def test_errors_name_the_column_and_the_captioner(lab, tmp_path: Path) -> None:
     cfg.write_text("recipes:\n  - {name: a, where: 'width > 1', captions: [detailed], cap: 10, seed: 3}\n")
     (recipe,) = load_recipes(cfg).recipes
     assert recipe.cap == 10 and recipe.captions == ("detailed",) and len(recipe.recipe_hash()) == 16
+
+
+def test_shard_set_with_one_sub_stream_per_bucket(lab) -> None:
+    from prx_assets.core.shards import ShardSettings, open_stream, write_shard_set
+    from prx_assets.core.subsets import read_subset, write_subset
+
+    root, _ = lab
+    ds = lance.dataset(table_uri(root, "images"))
+    recipe = Recipe(name="r", dedup=Dedup(exact=True))
+    stored = write_subset(root, ds, recipe, select(ds, recipe))
+    manifest, ids = read_subset(root, "r", stored.subset_id)
+    m = write_shard_set(root, ds, recipe, manifest, ids, [], ShardSettings(by_bucket=True, workers=2))
+    assert m["samples"] == len(ids) and sum(s["samples"] for s in m["bucket_streams"].values()) == len(ids)
+    whole = open_stream(m["uri"])
+    assert sorted(whole[i]["image_id"] for i in range(len(whole))) == ids
+    for sub, info in m["bucket_streams"].items():
+        part = open_stream(f"{m['uri']}/{info['path']}")
+        assert len(part) == info["samples"]
+        buckets = {part[i]["aspect_bucket"] for i in range(len(part))}
+        assert len(buckets) == 1 and sub == "bucket_" + buckets.pop().replace(":", "x")
+    again = write_shard_set(root, ds, recipe, manifest, ids, [], ShardSettings(by_bucket=True, workers=2))
+    assert again == m  # already published: reused, not rewritten
