@@ -142,6 +142,10 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     """Write and publish the shard set of a subset; return its manifest (reused if already published)."""
     from streaming.base.util import merge_index
 
+    if not ids:
+        raise ShardError(f"recipe {recipe.name!r} selected no images at Lance version "
+                         f"{subset_manifest.get('lance_version')}; loosen the recipe (see curated_subsets' "
+                         "dropped_by_rule) before writing shards")
     set_id = shard_set_id(subset_manifest["subset_id"], settings)
     rel = f"{MDS_DIR}/{recipe.name}/{set_id}"
     if root.exists(f"{rel}/manifest.json"):

@@ -40,6 +40,13 @@ def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> s
 register_fingerprint("training_mixture", mixture_fingerprint)
 
 
+def _weighting(stream: dict) -> str:
+    for key in ("proportion", "repeat", "choose"):
+        if stream.get(key) is not None:
+            return f"{key} {stream[key]}"
+    return "all samples"
+
+
 @dg.asset(
     partitions_def=mixture_partitions,
     deps=[dg.AssetDep(mds_shards, partition_mapping=dg.AllPartitionMapping())],
@@ -67,8 +74,7 @@ def training_mixture(context: dg.AssetExecutionContext, storage: StorageResource
     rel = f"{MIXTURE_DIR}/{mix.name}/{spec['mixture_version']}.json"
     root.write_bytes(rel, json.dumps(spec, indent=1, sort_keys=True).encode())
     table = "\n".join(["| stream | shard set | samples | weighting | expected per epoch |", "|---|---|---|---|---|"] +
-                      [f"| {s['recipe']} | {s['shard_set_id']} | {s['samples']} | "
-                       f"{'proportion ' + str(s['proportion']) if s['proportion'] is not None else 'repeat ' + str(s['repeat']) if s['repeat'] is not None else 'choose ' + str(s['choose'])} | "
+                      [f"| {s['recipe']} | {s['shard_set_id']} | {s['samples']} | {_weighting(s)} | "
                        f"{spec['expected_samples_per_stream'][s['recipe']]} |" for s in spec["streams"]])
     return dg.MaterializeResult(
         data_version=dg.DataVersion(spec["mixture_version"]),
