@@ -65,8 +65,17 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
         if ds is not None:
             return ds
         time.sleep(0.05)
-    raise StorageError(f"table {uri} was claimed for creation by another writer but did not appear within "
-                       f"{wait_seconds:.0f}s; if that writer died, delete {parent}/.{name}.creating and retry")
+    # The claimant died before creating it (or the table was deleted and the marker left):
+    # create it now; a plain create fails rather than overwrite if someone else just did.
+    try:
+        return lance.write_dataset(schema.empty_table(), uri, schema=schema, mode="create",
+                                   storage_options=storage_options)
+    except (OSError, ValueError) as e:
+        ds = open_table(uri, storage_options)
+        if ds is not None:
+            return ds
+        raise StorageError(f"cannot create table {uri}: {e}; check the data root and remove "
+                           f"{parent}/.{name}.creating if a writer died mid-creation") from e
 
 
 @dataclass(frozen=True)
