@@ -118,7 +118,3 @@ def _conform(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[p
     for b in batches:
         yield b if b.schema.equals(schema) else b.cast(schema)
 
-
-def rows_from_dicts(rows: list[dict], schema: pa.Schema) -> pa.RecordBatch:
-    """Build a record batch in the table's schema from row dicts."""
-    return pa.RecordBatch.from_pylist(rows, schema=schema)
