@@ -245,6 +245,21 @@ def _resolve_location(raw: str, kind: str, config_path: Path, where: str) -> str
     return str(p)
 
 
+def read_yaml(path: Path, missing_fix: str) -> Any:
+    """Load a config file, raising ConfigError naming the file (and line) when it is absent or malformed."""
+    spath = str(path)
+    if not path.is_file():
+        raise ConfigError("file not found", path=spath, fix=missing_fix)
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"malformed YAML{where}: {problem}", path=spath,
+                          fix="fix the YAML syntax") from None
+
+
 def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
     """Parse and validate ``sources.yaml``.
 
@@ -262,17 +277,7 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
     """
     cfg_path = Path(path) if path is not None else config_dir() / "sources.yaml"
     spath = str(cfg_path)
-    if not cfg_path.is_file():
-        raise ConfigError("file not found", path=spath,
-                          fix="create it or point PRX_CONFIG_DIR at the folder holding sources.yaml")
-    try:
-        doc = yaml.safe_load(cfg_path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"malformed YAML{where}: {problem}", path=spath,
-                          fix="fix the YAML syntax") from None
+    doc = read_yaml(cfg_path, "create it or point PRX_CONFIG_DIR at the folder holding sources.yaml")
     if not isinstance(doc, Mapping) or not isinstance(doc.get("sources"), list):
         raise ConfigError("expected a mapping with a 'sources:' list", path=spath,
                           fix="write sources: [{name: photos, kind: folder, path: /data/photos}]")

@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from prx_assets.core.config import config_dir
+from prx_assets.core.config import config_dir, read_yaml
 from prx_assets.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -58,13 +56,7 @@ def load_mixtures(path: str | os.PathLike[str] | None = None,
     """Parse ``mixtures.yaml``; a stream naming an unknown recipe fails with the known ones."""
     cfg = Path(path) if path is not None else config_dir() / "mixtures.yaml"
     spath = str(cfg)
-    if not cfg.is_file():
-        raise ConfigError("file not found", path=spath, fix="create it or point PRX_CONFIG_DIR at its folder")
-    try:
-        doc = yaml.safe_load(cfg.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"malformed YAML: {getattr(e, 'problem', e)}", path=spath, fix="fix the YAML syntax") \
-            from None
+    doc = read_yaml(cfg, "create it or point PRX_CONFIG_DIR at its folder") or {}
     if not isinstance(doc, Mapping) or not isinstance(doc.get("mixtures"), list):
         raise ConfigError("expected a mapping with a 'mixtures:' list", path=spath,
                           fix="write mixtures: [{name: base, streams: [{recipe: r, proportion: 1}]}]")

@@ -29,10 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from prx_assets.core.captions import BACKENDS, CaptionerSpec, looks_local
-from prx_assets.core.config import config_dir, expand_env
+from prx_assets.core.config import config_dir, expand_env, read_yaml
 from prx_assets.core.embeddings import EmbedderSpec
 from prx_assets.errors import ConfigError
 
@@ -88,16 +86,7 @@ def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
     """
     cfg_path = Path(path) if path is not None else config_dir() / "models.yaml"
     spath = str(cfg_path)
-    if not cfg_path.is_file():
-        raise ConfigError("file not found", path=spath,
-                          fix="create it (see README, 'Captioners') or point PRX_CONFIG_DIR at its folder")
-    try:
-        doc = yaml.safe_load(cfg_path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"malformed YAML{where}: {getattr(e, 'problem', e)}", path=spath,
-                          fix="fix the YAML syntax") from None
+    doc = read_yaml(cfg_path, "create it (see README, 'Captioners') or point PRX_CONFIG_DIR at its folder") or {}
     if not isinstance(doc, Mapping) or set(doc) - {"captioners", "embedder"}:
         raise ConfigError("expected a mapping with 'captioners:' and optionally 'embedder:'", path=spath,
                           fix="see README, 'Captioners'")

@@ -28,9 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from prx_assets.core.config import config_dir, expand_env
+from prx_assets.core.config import config_dir, expand_env, read_yaml
 from prx_assets.errors import ConfigError
 
 RECIPE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -187,15 +185,7 @@ def load_recipes(path: str | os.PathLike[str] | None = None) -> RecipesConfig:
     """
     cfg = Path(path) if path is not None else config_dir() / "recipes.yaml"
     spath = str(cfg)
-    if not cfg.is_file():
-        raise ConfigError("file not found", path=spath, fix="create it or point PRX_CONFIG_DIR at its folder")
-    try:
-        doc = yaml.safe_load(cfg.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"malformed YAML{at}: {getattr(e, 'problem', e)}", path=spath,
-                          fix="fix the YAML syntax") from None
+    doc = read_yaml(cfg, "create it or point PRX_CONFIG_DIR at its folder") or {}
     if not isinstance(doc, Mapping) or not isinstance(doc.get("recipes"), list):
         raise ConfigError("expected a mapping with a 'recipes:' list", path=spath,
                           fix="write recipes: [{name: all, where: \"width >= 256\"}]")
