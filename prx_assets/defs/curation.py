@@ -16,10 +16,6 @@ from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 CURATION_CODE_VERSION = "curation-1"
 
 
-def _recipes_path(project: ProjectConfigResource) -> str:
-    return project.sources_path().rsplit("/", 1)[0] + "/recipes.yaml"
-
-
 def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """Code version + recipe hash + the published lab version."""
     from prx_assets.core.config import config_dir
@@ -61,7 +57,7 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     tagged so cleanup keeps it; re-running against the same version and recipe writes the
     identical subset. The data version is the subset id ``v<lance version>-<recipe hash>``.
     """
-    recipe = load_recipes(_recipes_path(project)).get(context.partition_key)
+    recipe = project.recipes().get(context.partition_key)
     models = project.models()
     root = storage.root()
     ds = open_lab(root, version=config.lance_version,

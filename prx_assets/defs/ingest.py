@@ -243,20 +243,14 @@ def configured_recipe_names(project: ProjectConfigResource) -> list[str]:
     """Recipe names from recipes.yaml (none when the file does not exist)."""
     import os
 
-    from prx_assets.core.recipes import load_recipes
-
-    path = project.sources_path().rsplit("/", 1)[0] + "/recipes.yaml"
-    return [r.name for r in load_recipes(path).recipes] if os.path.isfile(path) else []
+    return [r.name for r in project.recipes().recipes] if os.path.isfile(project.path("recipes.yaml")) else []
 
 
 def configured_mixture_names(project: ProjectConfigResource) -> list[str]:
     """Mixture names from mixtures.yaml (none when the file does not exist)."""
     import os
 
-    from prx_assets.core.mixture import load_mixtures
-
-    path = project.sources_path().rsplit("/", 1)[0] + "/mixtures.yaml"
-    return list(load_mixtures(path)) if os.path.isfile(path) else []
+    return list(project.mixtures()) if os.path.isfile(project.path("mixtures.yaml")) else []
 
 
 def configured_captioner_ids(project: ProjectConfigResource) -> list[str]:

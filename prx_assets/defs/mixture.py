@@ -5,9 +5,7 @@ import json
 import dagster as dg
 
 from prx_assets.core.mixture import MIXTURE_DIR, load_mixtures, resolve
-from prx_assets.core.recipes import load_recipes
 from prx_assets.core.shards import MDS_DIR
-from prx_assets.defs.curation import _recipes_path
 from prx_assets.defs.partitions import mixture_partitions
 from prx_assets.defs.shards import mds_shards
 from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
@@ -62,9 +60,7 @@ def training_mixture(context: dg.AssetExecutionContext, storage: StorageResource
     published shard set, with proportion/repeat/choose and the expected samples per stream
     per epoch. The data version is the spec's hash, so one spec version means one training run."""
     root = storage.root()
-    recipes = [r.name for r in load_recipes(_recipes_path(project)).recipes]
-    mixtures = load_mixtures(project.sources_path().rsplit("/", 1)[0] + "/mixtures.yaml", known_recipes=recipes)
-    mix = mixtures[context.partition_key]
+    mix = project.mixtures(known_recipes=[r.name for r in project.recipes().recipes])[context.partition_key]
 
     def manifest(recipe: str) -> dict:
         set_id = _current_shard_set(context.instance, recipe)

@@ -6,7 +6,6 @@ import dagster as dg
 import lance
 from pydantic import Field
 
-from prx_assets.core.recipes import load_recipes
 from prx_assets.core.shards import (
     MDS_DIR,
     SHARDS_CODE_VERSION,
@@ -15,7 +14,7 @@ from prx_assets.core.shards import (
     write_shard_set,
 )
 from prx_assets.core.subsets import read_subset
-from prx_assets.defs.curation import _recipes_path, curated_subsets
+from prx_assets.defs.curation import curated_subsets
 from prx_assets.defs.partitions import recipe_partitions
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
@@ -78,7 +77,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     captioner ids, code version, sample and shard counts and bytes. The data version is
     the shard set id; no text latents are precomputed.
     """
-    recipe = load_recipes(_recipes_path(project)).get(context.partition_key)
+    recipe = project.recipes().get(context.partition_key)
     root = storage.root()
     sid = _subset_of(context)
     subset_manifest, ids = read_subset(root, recipe.name, sid)

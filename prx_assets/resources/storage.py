@@ -5,7 +5,9 @@ import dagster as dg
 from pydantic import Field
 
 from prx_assets.core.config import SourcesConfig, config_dir, data_root, load_sources
+from prx_assets.core.mixture import Mixture, load_mixtures
 from prx_assets.core.models_config import ModelsConfig, load_models
+from prx_assets.core.recipes import RecipesConfig, load_recipes
 from prx_assets.core.storage import DataRoot, ObjectStoreSettings
 
 
@@ -30,15 +32,26 @@ class ProjectConfigResource(dg.ConfigurableResource):
     config_dir: str | None = Field(
         default=None, description="Config folder; defaults to $PRX_CONFIG_DIR, else ./config.")
 
+    def path(self, name: str) -> str:
+        """Path of a config file (``sources.yaml``, ``models.yaml``, ...) in the folder."""
+        base = self.config_dir or str(config_dir())
+        return f"{base.rstrip('/')}/{name}"
+
     def sources_path(self) -> str:
         """Path of sources.yaml."""
-        base = self.config_dir or str(config_dir())
-        return f"{base.rstrip('/')}/sources.yaml"
+        return self.path("sources.yaml")
 
     def models_path(self) -> str:
         """Path of models.yaml."""
-        base = self.config_dir or str(config_dir())
-        return f"{base.rstrip('/')}/models.yaml"
+        return self.path("models.yaml")
+
+    def recipes(self) -> RecipesConfig:
+        """Parse and validate recipes.yaml."""
+        return load_recipes(self.path("recipes.yaml"))
+
+    def mixtures(self, known_recipes: list[str] | None = None) -> dict[str, Mixture]:
+        """Parse and validate mixtures.yaml (streams checked against ``known_recipes``)."""
+        return load_mixtures(self.path("mixtures.yaml"), known_recipes=known_recipes)
 
     def models(self) -> ModelsConfig:
         """Parse and validate models.yaml (captioners and embedder)."""
