@@ -9,7 +9,7 @@ export PRX_DATA_ROOT ?= $(CURDIR)/data
 export PRX_CONFIG_DIR ?= $(CURDIR)/config
 PORT ?= 3000
 
-.PHONY: venv demo test lint bench dev validate clean
+.PHONY: venv demo test lint bench dev validate clean slurm-up slurm-down
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ bench: venv
 
 dev: venv $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster dev -m prx_assets.definitions -h 127.0.0.1 -p $(PORT)
+
+# A single-node SLURM cluster (munge, slurmdbd on the local MariaDB, slurmctld, slurmd); needs root.
+slurm-up:
+	bash slurm/up.sh
+
+slurm-down:
+	bash slurm/down.sh
 
 clean:
 	rm -rf .dagster_home data .pytest_cache

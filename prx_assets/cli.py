@@ -105,7 +105,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     if models is None:
         print("no models.yaml in the config folder")
         return 0
-    paths = [c.model for c in models.captioners] + ([models.embedder.model] if models.embedder else [])
+    paths = [c.model for c in models.captioners] + ([models.embedder.model] if models.embedder else []) + \
+        ([models.text_encoder.model] if models.text_encoder else [])
     built = ensure_tiny_models(paths)
     for p in built:
         print(f"built {p}")
@@ -115,6 +116,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"captioner {c.captioner_id()}: {c.model}")
     if models.embedder:
         print(f"embedder {models.embedder.embedder_id()}: {models.embedder.model}")
+    if models.text_encoder:
+        print(f"text encoder {models.text_encoder.tower()}: {models.text_encoder.model}")
     return 0
 
 
@@ -370,6 +373,21 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_training(instance: dg.DagsterInstance) -> None:
+    """Where the latest training runs ran (SLURM or local subprocess) and what they reported."""
+    key = dg.AssetKey("training_run")
+    for pk in instance.get_dynamic_partitions("mixtures"):
+        rec = instance.get_latest_data_version_record(key, partition_key=pk)
+        if rec is None or rec.asset_materialization is None:
+            continue
+        md = {k: v.value for k, v in rec.asset_materialization.metadata.items()}
+        where = "on the local SLURM cluster" if md.get("job_mode") == "slurm" else \
+            "as a local subprocess (SLURM not up; `make slurm-up` starts it)"
+        print(f"training_run[{pk}] ran {where}: job {md.get('job_id')}, {md.get('steps')} steps, loss "
+              f"{md.get('loss_first')} -> {md.get('loss_last')}, {md.get('samples_per_second')} samples/s, "
+              f"text latents {md.get('mode')}; checkpoint {md.get('checkpoint')}")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Generate the demo corpus (if absent) and run the whole graph."""
     from prx_assets.core.demo_corpus import generate_demo_corpus
@@ -387,8 +405,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rc = cmd_run(argparse.Namespace(select=None, dry_run=False, verbose=args.verbose))
     print("\nsummary:")
     print(json.dumps(table_summary(root), indent=2))
+    _print_training(_instance())
     print(f"\nDagster instance: {os.environ['DAGSTER_HOME']} -- open the UI with `make dev`")
     return rc
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    """Print the chain from a training run or shard set back to the source files."""
+    from prx_assets.core.lineage import render
+    from prx_assets.lineage_report import lineage_for
+
+    lineage = lineage_for(_instance(), _root(), args.target)
+    print(json.dumps(lineage, indent=1, default=str) if args.json else render(lineage))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -430,6 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
     rj.add_argument("--limit", type=int, default=50)
     rj.add_argument("--json", action="store_true", help="JSON lines")
     rj.set_defaults(fn=cmd_rejects)
+    li = sub.add_parser("lineage", help="training run or shard set -> mixture, shard sets, subsets, Lance "
+                                        "version, captioners, code versions, sources")
+    li.add_argument("target", help="a training run's Dagster run id, training_run[<mixture>], a mixture name, "
+                                   "a shard set id, or a shard set folder/URI")
+    li.add_argument("--json", action="store_true", help="JSON instead of a tree")
+    li.set_defaults(fn=cmd_lineage)
     return p
 
 

@@ -150,4 +150,5 @@ def models_env(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     """Point the shipped models.yaml at the session's tiny models."""
     monkeypatch.setenv("PRX_CAPTIONER_MODEL", tiny_models["vl"])
     monkeypatch.setenv("PRX_EMBEDDER_MODEL", tiny_models["siglip"])
+    monkeypatch.setenv("PRX_TEXT_ENCODER_MODEL", tiny_models["text"])
     return tiny_models

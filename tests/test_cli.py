@@ -40,8 +40,8 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     # 3 sources, one batch each at this size; 2 captioners; one embedder.
     assert ran.count("raw_images") == 3 and ran.count("recaptions") == 6
     assert ran.count("image_embeddings") == 3
-    assert ran[-6:] == ["lance_table", "curated_subsets", "curated_subsets", "mds_shards", "mds_shards",
-                        "training_mixture"]
+    assert ran[-7:] == ["lance_table", "curated_subsets", "curated_subsets", "mds_shards", "mds_shards",
+                        "training_mixture", "training_run"]
     assert ran.index("recaptions") > max(i for i, a in enumerate(ran) if a == "raw_images")
     assert "check jpeg_q92_cycles: passed" in out
 
@@ -60,7 +60,7 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     assert [line.split()[1] for line in ran] == ["raw_images", "image_embeddings", "recaptions",
                                                  "recaptions", "lance_table", "curated_subsets",
                                                  "curated_subsets", "mds_shards", "mds_shards",
-                                                 "training_mixture"]
+                                                 "training_mixture", "training_run"]
     assert all("webshards-" in line for line in ran[:4])
     # Captions depend on the original content (sha256), which did not change: none recomputed.
     assert all("0 computed" in line for line in ran if "recaptions" in line)

@@ -15,6 +15,10 @@
     embedder:
       model: google/siglip2-so400m-patch14-384
       batch_size: 64
+    text_encoder:                           # what the trainer conditions on (computed on the fly)
+      name: qwen3vl2b                       # tower name in MDS latent column names
+      model: Qwen/Qwen3-VL-2B-Instruct      # its language model's hidden states are used
+      max_length: 128
 
 Values may use ``${VAR}`` / ``${VAR:-default}``; relative local paths (``./``, ``../``)
 are resolved against the config file's folder.
@@ -32,6 +36,7 @@ from typing import Any
 from prx_assets.core.captions import BACKENDS, CaptionerSpec, looks_local
 from prx_assets.core.config import config_dir, expand_env, read_yaml
 from prx_assets.core.embeddings import EmbedderSpec
+from prx_assets.core.text_encoder import TextTowerSpec
 from prx_assets.errors import ConfigError
 
 
@@ -42,6 +47,7 @@ class ModelsConfig:
     path: str
     captioners: tuple[CaptionerSpec, ...]
     embedder: EmbedderSpec | None
+    text_encoder: TextTowerSpec | None = None
 
     def captioner(self, captioner_id: str) -> CaptionerSpec:
         """The spec whose id is ``captioner_id``; the error lists the configured ids."""
@@ -87,8 +93,8 @@ def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
     cfg_path = Path(path) if path is not None else config_dir() / "models.yaml"
     spath = str(cfg_path)
     doc = read_yaml(cfg_path, "create it (see README, 'Captioners') or point PRX_CONFIG_DIR at its folder") or {}
-    if not isinstance(doc, Mapping) or set(doc) - {"captioners", "embedder"}:
-        raise ConfigError("expected a mapping with 'captioners:' and optionally 'embedder:'", path=spath,
+    if not isinstance(doc, Mapping) or set(doc) - {"captioners", "embedder", "text_encoder"}:
+        raise ConfigError("expected a mapping with 'captioners:' and optionally 'embedder:' and 'text_encoder:'", path=spath,
                           fix="see README, 'Captioners'")
     specs: list[CaptionerSpec] = []
     allowed = _fields(CaptionerSpec)
@@ -128,4 +134,17 @@ def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
         values = dict(raw_e)
         values["model"] = _resolve_model(raw_e.get("model"), cfg_path, "embedder")
         embedder = EmbedderSpec(**values)
-    return ModelsConfig(path=spath, captioners=tuple(specs), embedder=embedder)
+    text_encoder = None
+    raw_t = doc.get("text_encoder")
+    if raw_t is not None:
+        allowed_t = _fields(TextTowerSpec)
+        if not isinstance(raw_t, Mapping) or set(raw_t) - allowed_t:
+            raise ConfigError(f"'text_encoder' must be a mapping with keys among {sorted(allowed_t)}", path=spath,
+                              entry="text_encoder", fix="write text_encoder: {model: Qwen/Qwen3-VL-2B-Instruct}")
+        values = dict(raw_t)
+        values["model"] = _resolve_model(raw_t.get("model"), cfg_path, "text_encoder")
+        text_encoder = TextTowerSpec(**values)
+        if text_encoder.max_length < 1:
+            raise ConfigError("text_encoder.max_length must be >= 1", path=spath, entry="text_encoder",
+                              fix="use e.g. max_length: 128")
+    return ModelsConfig(path=spath, captioners=tuple(specs), embedder=embedder, text_encoder=text_encoder)

@@ -12,6 +12,12 @@ Caption columns: with ``captions: [a, b]`` the set has one ``caption`` column ho
 first available caption in that order; with ``caption_mix: {a: w, b: w}`` it has one
 column per captioner, ``caption_<name>``, and the weights are in the manifest for the
 trainer to sample from.
+
+Text latents are not in the shards by default: the trainer encodes captions on the fly, so
+the text encoder can change without rewriting shards. With ``ShardSettings.text_tower`` set
+(``precomputed_latents``), every caption column also gets
+``latent_{caption_key}_{tower}`` (float16, ``max_length`` x hidden size) and
+``attention_mask_{caption_key}_{tower}`` (uint8) columns, PRX's naming.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from prx_assets.core.lab import caption_column
 from prx_assets.core.recipes import Recipe
 from prx_assets.core.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
 from prx_assets.core.storage import DataRoot, split_s3
+from prx_assets.core.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
 from prx_assets.errors import PrxError
 
 MDS_DIR = "mds"
@@ -53,14 +60,17 @@ class ShardSettings:
     hashes: tuple[str, ...] = ("xxh64",)
     workers: int = 2
     by_bucket: bool = False
+    text_tower: TextTowerSpec | None = None  # precomputed_latents: encode captions into the shards
 
     def key(self) -> str:
         """Short identity of the settings that change the files."""
         import hashlib
 
+        tower = None if self.text_tower is None else [self.text_tower.tower(), self.text_tower.identity()]
         payload = json.dumps({"size_limit": self.size_limit, "compression": self.compression,
                               "hashes": list(self.hashes), "by_bucket": self.by_bucket,
-                              "code": SHARDS_CODE_VERSION}, sort_keys=True)
+                              "code": SHARDS_CODE_VERSION, **({"text_tower": tower} if tower else {})},
+                             sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:8]
 
 
@@ -84,7 +94,7 @@ def caption_plan(recipe: Recipe, caption_columns: Sequence[str], captioner_ids: 
 
 
 def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: dict[str, str],
-                plan: dict[str, Any], settings: ShardSettings) -> int:
+                plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None = None) -> int:
     from streaming import MDSWriter
 
     lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *(c for cs in plan["columns"].values() for c in cs)]))
@@ -96,6 +106,7 @@ def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: 
             quoted = ", ".join("'" + x + "'" for x in chunk)
             rows = {r["image_id"]: r for r in lab.to_table(columns=lab_cols,
                                                              filter=f"image_id IN ({quoted})").to_pylist()}
+            samples = []
             for image_id in chunk:
                 r = rows.get(image_id)
                 if r is None:
@@ -103,6 +114,17 @@ def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: 
                 sample = {k: r[v] for k, v in MDS_FROM_LAB.items()}
                 for mds_col, sources in plan["columns"].items():
                     sample[mds_col] = next((r[c] for c in sources if r[c]), "")
+                samples.append(sample)
+            if encoder is not None:
+                tower = encoder.spec.tower()
+                for mds_col in plan["columns"]:
+                    for j in range(0, len(samples), 64):
+                        part = samples[j:j + 64]
+                        lat, mask = encoder.encode_numpy([s[mds_col] for s in part])
+                        for s, la, ma in zip(part, lat, mask, strict=True):
+                            s[latent_column(mds_col, tower)] = la
+                            s[mask_column(mds_col, tower)] = ma
+            for sample in samples:
                 writer.write(sample)
                 written += 1
     return written
@@ -126,9 +148,15 @@ def bucket_dir(bucket: str) -> str:
     return "bucket_" + bucket.replace(":", "x")
 
 
-def mds_columns(plan: dict[str, Any]) -> dict[str, str]:
-    """MDS column encodings of a shard set with this caption plan."""
-    return {**MDS_BASE_COLUMNS, **{c: "str" for c in plan["columns"]}}
+def mds_columns(plan: dict[str, Any], encoder: TextEncoder | None = None) -> dict[str, str]:
+    """MDS column encodings of a shard set with this caption plan (and precomputed latents)."""
+    cols = {**MDS_BASE_COLUMNS, **{c: "str" for c in plan["columns"]}}
+    if encoder is not None:
+        tower, length = encoder.spec.tower(), encoder.spec.max_length
+        for c in plan["columns"]:
+            cols[latent_column(c, tower)] = f"ndarray:float16:{length},{encoder.dim}"
+            cols[mask_column(c, tower)] = f"ndarray:uint8:{length}"
+    return cols
 
 
 def shard_set_id(subset_id: str, settings: ShardSettings) -> str:
@@ -151,7 +179,11 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     if root.exists(f"{rel}/manifest.json"):
         return json.loads(root.read_bytes(f"{rel}/manifest.json"))
     plan = caption_plan(recipe, subset_manifest["caption_columns"], captioner_ids)
-    columns = mds_columns(plan)
+    encoder = TextEncoder(settings.text_tower, device="auto") if settings.text_tower is not None else None
+    if encoder is not None and not plan["columns"]:
+        raise ShardError(f"recipe {recipe.name!r} has no caption columns to precompute latents for; set captions: "
+                         "or caption_mix: in the recipe, or turn precomputed_latents off")
+    columns = mds_columns(plan, encoder)
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
         Path(root.join(MDS_DIR, recipe.name, f".staging-{set_id}-{uuid.uuid4().hex[:8]}"))
@@ -174,7 +206,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
                 jobs.append((sub, sub_ids[i::workers], len(jobs)))
         with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
             counts = list(pool.map(lambda j: _write_part(
-                lab, j[1], str(staging / j[0] / f"part-{j[2]:05d}"), columns, plan, settings), jobs))
+                lab, j[1], str(staging / j[0] / f"part-{j[2]:05d}"), columns, plan, settings, encoder), jobs))
         streams = {}
         for sub in groups:
             if sub:
@@ -198,6 +230,11 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             "settings": {"size_limit": settings.size_limit, "compression": settings.compression,
                          "hashes": list(settings.hashes), "parallel_writers": len(jobs),
                          "by_bucket": settings.by_bucket},
+            "text_latents": None if encoder is None else {
+                "tower": encoder.spec.tower(), "model": encoder.spec.model, "identity": encoder.spec.identity(),
+                "max_length": encoder.spec.max_length, "layer": encoder.spec.layer, "dim": encoder.dim,
+                "columns": {c: [latent_column(c, encoder.spec.tower()), mask_column(c, encoder.spec.tower())]
+                            for c in plan["columns"]}},
             "bucket_streams": streams,
             "uri": root.join(rel), "seconds": round(time.perf_counter() - started, 3),
             **(lineage or {}),

@@ -11,6 +11,7 @@ from prx_assets.core.subsets import write_subset
 from prx_assets.defs.lab import lance_table
 from prx_assets.defs.partitions import recipe_partitions
 from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.defs.visual_metadata import subset_pictures
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 CURATION_CODE_VERSION = "curation-1"
@@ -80,6 +81,8 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
             "dropped_by_rule": dg.MetadataValue.json(subset.dropped),
             "aspect_buckets": dg.MetadataValue.json(subset.buckets),
             "caption_columns": dg.MetadataValue.json(subset.caption_columns),
+            **subset_pictures(ds, subset.image_ids, subset.caption_columns[0] if subset.caption_columns else None,
+                              subset.buckets, subset.dropped),
             "candidates": subset.total,
             FINGERPRINT_KEY: dg.MetadataValue.text(fp),
         },

@@ -1,5 +1,6 @@
 """recaptions and image_embeddings: per-image model outputs for each ingest batch."""
 
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
@@ -10,6 +11,7 @@ from prx_assets.core.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_s
 from prx_assets.core.table import open_table, table_uri
 from prx_assets.defs.ingest import raw_images
 from prx_assets.defs.partitions import captioner_partitions, raw_batches, recaption_partitions
+from prx_assets.defs.remote import StageResources, register_stage, run_stage
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
@@ -17,7 +19,9 @@ from prx_assets.defs.staleness import (
     previous_data_version,
     register_fingerprint,
 )
+from prx_assets.defs.visual_metadata import caption_pictures
 from prx_assets.resources.models import CaptionerResource, EmbedderResource
+from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 RECAPTION_CODE_VERSION = "recaption-1"
@@ -82,6 +86,56 @@ def _enrich_metadata(res: EnrichResult, uri: str, fingerprint: str) -> dict[str,
     }
 
 
+def recaption_stage(res: StageResources, key: str, log: Callable[[str], None]) -> EnrichResult:
+    """The work of one recaptions partition (in-process or inside a job)."""
+    batch, captioner_id = split_recaption_key(key)
+    spec = res.project.models().captioner(captioner_id)
+    captioner = res.captioner or CaptionerResource()
+
+    def factory() -> Any:
+        loaded = captioner.load(spec)
+        log(f"loaded captioner {captioner_id} ({spec.model}) on {getattr(loaded, 'device', '?')}")
+
+        def compute(images: Any) -> list[dict[str, Any]]:
+            return [{"caption": r.text, "tokens": r.tokens, "seconds": r.seconds,
+                     "hit_max_tokens": r.hit_max_tokens, "model": spec.model}
+                    for r in loaded.caption(images)]
+        return compute
+
+    return enrich_batch(res.storage.root(), batch, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", captioner_id,
+                        ["caption", "tokens", "seconds", "hit_max_tokens", "model"], factory,
+                        chunk=max(1, captioner.effective(spec).batch_size) * 8)
+
+
+def embedding_stage(res: StageResources, key: str, log: Callable[[str], None]) -> EnrichResult:
+    """The work of one image_embeddings partition (in-process or inside a job)."""
+    models = res.project.models()
+    if models.embedder is None:
+        raise ValueError(f"no embedder configured in {models.path}; add embedder: {{model: ...}}")
+    spec = models.embedder
+    embedder = res.embedder or EmbedderResource()
+    root = res.storage.root()
+
+    def factory() -> Any:
+        model = embedder.load(spec)
+        log(f"loaded embedder {spec.embedder_id()} ({spec.model})")
+
+        def compute(images: Any) -> list[dict[str, Any]]:
+            return [{"embedding": v.tolist(), "model": spec.model} for v in model.embed(images)]
+        return compute
+
+    name = embeddings_table(spec.embedder_id())
+    existing = open_table(table_uri(root, name), root.storage_options())
+    dim = existing.schema.field("embedding").type.list_size if existing is not None else \
+        embedder.load(spec).dim
+    return enrich_batch(root, key, name, embeddings_schema(dim), "embedder_id", spec.embedder_id(),
+                        ["embedding", "model"], factory, chunk=max(1, spec.batch_size))
+
+
+register_stage("recaptions", recaption_stage, EnrichResult)
+register_stage("image_embeddings", embedding_stage, EnrichResult)
+
+
 @dg.asset(
     partitions_def=recaption_partitions,
     deps=[raw_images],  # each (batch, captioner) partition reads the raw_images batch partition
@@ -92,7 +146,7 @@ def _enrich_metadata(res: EnrichResult, uri: str, fingerprint: str) -> dict[str,
     tags={"stage": "recaption"},
 )
 def recaptions(context: dg.AssetExecutionContext, storage: StorageResource, project: ProjectConfigResource,
-               captioner: CaptionerResource) -> dg.MaterializeResult:
+               captioner: CaptionerResource, slurm: SlurmResource) -> dg.MaterializeResult:
     """VLM captions of one ingest batch by one captioner (partition ``batch|captioner``).
 
     Captions are stored per image and captioner id (model + prompt + generation
@@ -101,25 +155,12 @@ def recaptions(context: dg.AssetExecutionContext, storage: StorageResource, proj
     for their current content are processed; identical images are captioned once. A run
     with nothing missing loads no model and writes nothing.
     """
-    batch, captioner_id = split_recaption_key(context.partition_key)
+    _, captioner_id = split_recaption_key(context.partition_key)
     models = project.models()
     spec = models.captioner(captioner_id)
     root = storage.root()
-
-    def factory() -> Any:
-        loaded = captioner.load(spec)
-        context.log.info(f"loaded captioner {captioner_id} ({spec.model}) on {getattr(loaded, 'device', '?')}")
-
-        def compute(images: Any) -> list[dict[str, Any]]:
-            return [{"caption": r.text, "tokens": r.tokens, "seconds": r.seconds,
-                     "hit_max_tokens": r.hit_max_tokens, "model": spec.model}
-                    for r in loaded.caption(images)]
-        return compute
-
-    res = enrich_batch(root, batch, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", captioner_id,
-                       ["caption", "tokens", "seconds", "hit_max_tokens", "model"], factory,
-                       chunk=max(1, captioner.effective(spec).batch_size) * 8,
-                       progress=lambda d, t: context.log.debug(f"{d}/{t} captioned"))
+    res = run_stage(context, slurm, "recaptions", str(context.partition_key),
+                    StageResources(storage=storage, project=project, captioner=captioner))
     context.log.info(f"{context.partition_key}: {res.summary()}")
     fp = recaptions_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance,
                                                    models=models), context.partition_key)
@@ -127,6 +168,7 @@ def recaptions(context: dg.AssetExecutionContext, storage: StorageResource, proj
     md["captioner_id"] = captioner_id
     md["model"] = spec.model
     md["prompt"] = dg.MetadataValue.text(spec.prompt)
+    md.update(caption_pictures(root, split_recaption_key(context.partition_key)[0], captioner_id))
     return dg.MaterializeResult(metadata=md, data_version=_data_version(context, res))
 
 
@@ -176,7 +218,8 @@ def caption_quality(context: dg.AssetCheckExecutionContext, storage: StorageReso
     tags={"stage": "embed"},
 )
 def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource,
-                     project: ProjectConfigResource, embedder: EmbedderResource) -> dg.MaterializeResult:
+                     project: ProjectConfigResource, embedder: EmbedderResource,
+                     slurm: SlurmResource) -> dg.MaterializeResult:
     """Image vectors of one ingest batch from the embedder in models.yaml (SigLIP/CLIP).
 
     L2-normalized float32 vectors per image and embedder id, in the Lance table
@@ -189,22 +232,11 @@ def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource
     spec = models.embedder
     embedder_id = spec.embedder_id()
     root = storage.root()
-    loaded: dict[str, Any] = {}
-
-    def factory() -> Any:
-        model = embedder.load(spec)
-        loaded["dim"] = model.dim
-
-        def compute(images: Any) -> list[dict[str, Any]]:
-            return [{"embedding": v.tolist(), "model": spec.model} for v in model.embed(images)]
-        return compute
-
     name = embeddings_table(embedder_id)
-    existing = open_table(table_uri(root, name), root.storage_options())
-    dim = existing.schema.field("embedding").type.list_size if existing is not None else \
-        embedder.load(spec).dim
-    res = enrich_batch(root, context.partition_key, name, embeddings_schema(dim), "embedder_id",
-                       embedder_id, ["embedding", "model"], factory, chunk=max(1, spec.batch_size))
+    res = run_stage(context, slurm, "image_embeddings", context.partition_key,
+                    StageResources(storage=storage, project=project, embedder=embedder))
+    table = open_table(table_uri(root, name), root.storage_options())
+    dim = table.schema.field("embedding").type.list_size if table is not None else 0
     fp = embeddings_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance,
                                                    models=models), context.partition_key)
     md = _enrich_metadata(res, table_uri(root, name), fp)

@@ -3,6 +3,7 @@
 
 import json
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
@@ -23,6 +24,7 @@ from prx_assets.defs.partitions import (
     raw_batches,
     recipe_partitions,
 )
+from prx_assets.defs.remote import StageResources, register_stage, run_stage
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
@@ -30,6 +32,8 @@ from prx_assets.defs.staleness import (
     previous_data_version,
     register_fingerprint,
 )
+from prx_assets.defs.visual_metadata import batch_pictures, curve
+from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 #: Bump when the normalization code changes what is stored.
@@ -87,6 +91,25 @@ def ingest_metadata(result: IngestResult, fingerprint: str) -> dict[str, Any]:
     }
 
 
+def ingest_stage(res: StageResources, key: str, log: Callable[[str], None]) -> IngestResult:
+    """The work of one raw_images partition (in-process or inside a job)."""
+    sources = res.project.sources()
+    source_name, _ = parse_batch_key(key)
+    cfg = sources.get(source_name)
+    root = res.storage.root()
+    manifest = load_manifest(root, key)
+    reader = reader_for(cfg, s3_client=(res.s3 or S3Resource()).get_client)
+    log(f"ingesting {key}: {len(manifest.units)} units ({manifest.weight} items) "
+        f"from {cfg.kind} source {cfg.location}")
+    result = ingest_batch(manifest, reader, root, cfg.ingest)
+    log(f"{key}: {result.rows} rows, {result.rejected} rejects {result.rejects}, "
+        f"Lance version {result.images_version}")
+    return result
+
+
+register_stage("raw_images", ingest_stage, IngestResult)
+
+
 @dg.asset(
     partitions_def=raw_batches,
     group_name="ingest",
@@ -96,7 +119,7 @@ def ingest_metadata(result: IngestResult, fingerprint: str) -> dict[str, Any]:
     tags={"stage": "ingest"},
 )
 def raw_images(context: dg.AssetExecutionContext, storage: StorageResource,
-               project: ProjectConfigResource, s3: S3Resource) -> dg.MaterializeResult:
+               project: ProjectConfigResource, s3: S3Resource, slurm: SlurmResource) -> dg.MaterializeResult:
     """Validated, normalized images of one ingest batch (partition ``<source>-<seq>``).
 
     Every file of the batch is decoded, EXIF-oriented, converted to RGB (alpha on
@@ -108,27 +131,16 @@ def raw_images(context: dg.AssetExecutionContext, storage: StorageResource,
     that last changed this partition.
     """
     key = context.partition_key
-    sources = project.sources()
-    source_name, _ = parse_batch_key(key)
-    cfg = sources.get(source_name)
+    result = run_stage(context, slurm, "raw_images", key, StageResources(storage=storage, project=project, s3=s3))
     root = storage.root()
-    manifest = load_manifest(root, key)
-    reader = reader_for(cfg, s3_client=s3.get_client)
-    context.log.info(f"ingesting {key}: {len(manifest.units)} units ({manifest.weight} items) "
-                     f"from {cfg.kind} source {cfg.location}")
-
-    def progress(done: int, rejected: int) -> None:
-        context.log.debug(f"{key}: {done} items processed, {rejected} rejected")
-
-    result = ingest_batch(manifest, reader, root, cfg.ingest, progress=progress)
-    context.log.info(f"{key}: {result.rows} rows, {result.rejected} rejects {result.rejects}, "
-                     f"Lance version {result.images_version}")
+    sources = project.sources()
     fingerprint = raw_images_fingerprint(FingerprintContext(root=root, sources=sources), key)
     changed = result.inserted + result.updated + result.deleted > 0
     version = str(result.images_version)
     if not changed:
         version = previous_data_version(context) or version
-    return dg.MaterializeResult(metadata=ingest_metadata(result, fingerprint),
+    return dg.MaterializeResult(metadata={**ingest_metadata(result, fingerprint),
+                                          **batch_pictures(root, key, result.rejects)},
                                 data_version=dg.DataVersion(version))
 
 
@@ -181,6 +193,8 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
             "last_cycle_psnr_db": meta["mean_psnr_curve_db"][-1],
             "jpeg_to_png_size_ratio": meta["jpeg_to_png_size_ratio"],
             "psnr_curve": dg.MetadataValue.md(_md_table(["cycle", "mean PSNR (dB)"], curve_rows)),
+            "psnr_curve_chart": curve(meta["mean_psnr_curve_db"], f"mean PSNR after each q{s.jpeg_quality} cycle",
+                                      "dB", threshold=s.q92_min_psnr_db),
             "per_image": dg.MetadataValue.json(meta["images"]),
             "min_psnr_db_bound": s.q92_min_psnr_db,
         },

@@ -34,6 +34,10 @@ class ShardConfig(dg.Config):
     hashes: list[str] = Field(default=["xxh64"], description="Hashes recorded per shard and checked on read.")
     workers: int = Field(default=2, description="Parallel writers (their indexes are merged).")
     by_bucket: bool = Field(default=False, description="Also one sub-stream (own index.json) per aspect bucket.")
+    precomputed_latents: bool = Field(
+        default=False, description="Also store text latents of every caption column, computed with models.yaml's "
+                                   "text_encoder (latent_{caption_key}_{tower}, attention_mask_...). Off by "
+                                   "default: the trainer encodes captions on the fly.")
 
 
 def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
@@ -75,7 +79,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     PRX's MDS conventions. Written under ``<data root>/mds/<recipe>/<shard set id>/`` and
     published atomically with a ``manifest.json`` recording recipe, Lance version,
     captioner ids, code version, sample and shard counts and bytes. The data version is
-    the shard set id; no text latents are precomputed.
+    the shard set id. Text latents are not stored unless ``precomputed_latents`` is set.
     """
     recipe = project.recipes().get(context.partition_key)
     root = storage.root()
@@ -83,9 +87,14 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     subset_manifest, ids = read_subset(root, recipe.name, sid)
     lab = lance.dataset(subset_manifest["lance_uri"], version=subset_manifest["lance_version"],
                         storage_options=root.storage_options())
+    models = project.models()
+    if config.precomputed_latents and models.text_encoder is None:
+        raise dg.Failure(f"precomputed_latents needs a text_encoder in {models.path}; add "
+                         "text_encoder: {model: ...} or turn precomputed_latents off")
     settings = ShardSettings(size_limit=config.size_limit_mb * 1024 * 1024, compression=config.compression,
-                             hashes=tuple(config.hashes), workers=config.workers, by_bucket=config.by_bucket)
-    manifest = write_shard_set(root, lab, recipe, subset_manifest, ids, project.models().captioner_ids(),
+                             hashes=tuple(config.hashes), workers=config.workers, by_bucket=config.by_bucket,
+                             text_tower=models.text_encoder if config.precomputed_latents else None)
+    manifest = write_shard_set(root, lab, recipe, subset_manifest, ids, models.captioner_ids(),
                                settings, lineage={"dagster_run_id": context.run.run_id})
     context.log.info(f"{recipe.name}: {manifest['samples']} samples in {manifest['shards']} shards at "
                      f"{manifest['uri']}")
@@ -106,6 +115,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
             "captioner_ids": dg.MetadataValue.json(manifest["captioner_ids"]),
             "caption_columns": dg.MetadataValue.json(manifest["caption_plan"]),
             "columns": dg.MetadataValue.json(manifest["columns"]),
+            "text_latents": dg.MetadataValue.json(manifest.get("text_latents") or {}),
             FINGERPRINT_KEY: dg.MetadataValue.text(digest(SHARDS_CODE_VERSION, sid)),
         },
     )

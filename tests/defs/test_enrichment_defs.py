@@ -33,6 +33,7 @@ embedder: {{model: {tiny_models["siglip"]}, batch_size: 8}}
         "storage": StorageResource(data_root=str(data_root)),
         "project": ProjectConfigResource(config_dir=str(cfg.parent)),
         "s3": defs.resources["s3"],
+        "slurm": defs.resources["slurm"],
         "captioner": CaptionerResource(device="cpu"),
         "embedder": EmbedderResource(device="cpu"),
     }

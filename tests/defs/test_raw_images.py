@@ -30,6 +30,7 @@ sources:
         "storage": StorageResource(data_root=str(data_root)),
         "project": ProjectConfigResource(config_dir=str(cfg.parent)),
         "s3": defs.resources["s3"],
+        "slurm": defs.resources["slurm"],
     }
     return {"folder": folder, "resources": resources, "root": data_root, "config": cfg}
 
@@ -167,6 +168,7 @@ sources:
         # the endpoint is configured on the resource, not only through the environment
         "s3": S3Resource(endpoint_url=s3_env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
                          aws_secret_access_key="testing", region_name="us-east-1"),
+        "slurm": defs.resources["slurm"],
     }
     with dg.instance_for_test() as instance:
         (req,) = run_sensor(instance, resources).run_requests

@@ -1,0 +1,185 @@
+"""training_run: a SLURM (or local) training job per mixture version, and the sensor that launches it."""
+
+import json
+import shlex
+
+import dagster as dg
+from pydantic import Field
+
+from prx_assets.core.mixture import MIXTURE_DIR
+from prx_assets.defs.mixture import training_mixture
+from prx_assets.defs.partitions import mixture_partitions
+from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.resources.slurm import SlurmResource, job_name_for
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+TRAINING_CODE_VERSION = "train-1"
+TRAINER_MODULE = "prx_assets.training.train"
+
+
+class TrainingConfig(dg.Config):
+    """Trainer settings for one run (the model and data come from the mixture and models.yaml)."""
+
+    steps: int = Field(default=40, description="Optimizer steps.")
+    batch_size: int = Field(default=8, description="Samples per batch per rank (one aspect bucket per batch).")
+    resolution: int = Field(default=32, description="Side of a square bucket in pixels (others keep the area).")
+    dim: int = Field(default=128, description="Transformer width.")
+    depth: int = Field(default=4, description="Transformer blocks.")
+    heads: int = Field(default=4, description="Attention heads.")
+    lr: float = Field(default=1e-3, description="AdamW learning rate.")
+    seed: int = Field(default=0, description="Seed (model init, shuffling, caption choice).")
+    workers: int = Field(default=1, description="DataLoader workers per rank.")
+    precomputed_latents: bool = Field(
+        default=False, description="Read text latents from the shards (written by mds_shards with "
+                                   "precomputed_latents) instead of encoding captions on the fly.")
+    checkpoint_every: int = Field(default=0, description="Checkpoint every N steps (0: only the final one).")
+    checkpoint_root: str | None = Field(
+        default=None, description="Shared folder for checkpoints (default <data root>/training for a local data "
+                                  "root, else <SLURM shared dir>/checkpoints).")
+
+
+def _latest_mixture(instance: dg.DagsterInstance, mixture: str) -> tuple[str, str]:
+    rec = instance.get_latest_data_version_record(training_mixture.key, partition_key=mixture)
+    if rec is None or rec.asset_materialization is None:
+        raise dg.Failure(f"mixture {mixture!r} has no materialization; materialize training_mixture[{mixture}] first")
+    mat = rec.asset_materialization
+    version = mat.tags["dagster/data_version"]
+    md = mat.metadata.get("spec_uri")
+    return version, str(md.value) if md is not None else ""
+
+
+def training_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + the mixture's current data version (a new mixture version means a new run)."""
+    rec = ctx.instance.get_latest_data_version_record(training_mixture.key, partition_key=partition_key) \
+        if ctx.instance else None
+    version = rec.asset_materialization.tags.get("dagster/data_version", "") \
+        if rec and rec.asset_materialization else ""
+    return digest(TRAINING_CODE_VERSION, version)
+
+
+register_fingerprint("training_run", training_fingerprint)
+
+
+@dg.asset(
+    partitions_def=mixture_partitions,
+    deps=[training_mixture],
+    group_name="training",
+    kinds={"pytorch", "slurm"},
+    code_version=TRAINING_CODE_VERSION,
+    owners=["team:training"],
+    tags={"stage": "train"},
+)
+def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, storage: StorageResource,
+                 project: ProjectConfigResource, slurm: SlurmResource) -> dg.MaterializeResult:
+    """A training run on the mixture's current version, as a SLURM job (or a local subprocess).
+
+    The job runs the reference trainer (``prx_assets.training.train``): it streams the
+    mixture's shard sets with ``StreamingDataset``, encodes captions on the fly with
+    models.yaml's ``text_encoder`` (or reads precomputed latents), trains a small
+    flow-matching transformer and writes checkpoints. Logs (loss, samples/s) stream into
+    this run through Dagster Pipes; the materialization comes from the job, with data
+    version ``<mixture version>-<checkpoint hash>``. Launched by ``training_sensor`` once per
+    mixture version; terminating the run cancels the job.
+    """
+    mixture = context.partition_key
+    version, spec_uri = _latest_mixture(context.instance, mixture)
+    root = storage.root()
+    if not spec_uri:
+        spec_uri = root.join(MIXTURE_DIR, mixture, f"{version}.json")
+    models = project.models()
+    tower = models.text_encoder
+    if tower is None:
+        raise dg.Failure(f"no text_encoder in {models.path}; add text_encoder: {{model: Qwen/Qwen3-VL-2B-Instruct}}")
+    base = config.checkpoint_root or (root.join("training") if not root.remote else
+                                      str(slurm.jobs_dir() / "checkpoints"))
+    ckpt_dir = f"{base.rstrip('/')}/{mixture}/{version}/{context.run.run_id[:8]}"
+    args = ["--spec", spec_uri, "--steps", str(config.steps), "--batch-size", str(config.batch_size),
+            "--resolution", str(config.resolution), "--dim", str(config.dim), "--depth", str(config.depth),
+            "--heads", str(config.heads), "--lr", str(config.lr), "--seed", str(config.seed),
+            "--workers", str(config.workers), "--checkpoint-dir", ckpt_dir,
+            "--checkpoint-every", str(config.checkpoint_every), "--text-tower", tower.tower(),
+            "--max-text-length", str(tower.max_length), "--text-layer", str(tower.layer)]
+    args += ["--precomputed-latents"] if config.precomputed_latents else ["--text-encoder", tower.model]
+    context.log.info(f"trainer: python -m {TRAINER_MODULE} {shlex.join(args)}")
+    invocation = slurm.pipes_client().run(
+        context=context, module=TRAINER_MODULE, args=args, job_name=job_name_for("train", mixture),
+        extras={"mixture": mixture, "mixture_version": version}, training=True)
+    reported = invocation.get_materialize_result()
+    return dg.MaterializeResult(
+        metadata={
+            **(reported.metadata or {}),
+            "job_id": invocation.metadata["job_id"],
+            "job_mode": invocation.metadata["job_mode"],
+            "mixture_version": version,
+            "spec_uri": dg.MetadataValue.path(spec_uri),
+            "checkpoint_dir": dg.MetadataValue.path(ckpt_dir),
+            "text_encoder": tower.model,
+            FINGERPRINT_KEY: dg.MetadataValue.text(digest(TRAINING_CODE_VERSION, version)),
+        },
+        data_version=reported.data_version,
+    )
+
+
+def _latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
+    recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1, ascending=False).records
+    return recs[0].storage_id if recs else None
+
+
+def _mixtures_using(project: ProjectConfigResource, recipe: str) -> list[str]:
+    return sorted(m.name for m in project.mixtures().values() if any(s.recipe == recipe for s in m.streams))
+
+
+@dg.sensor(
+    asset_selection=[training_mixture, training_run],
+    minimum_interval_seconds=15,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="New shard set -> re-resolve the mixtures that use it; new mixture version -> one training run.",
+)
+def training_sensor(context: dg.SensorEvaluationContext, project: ProjectConfigResource) -> dg.SensorResult:
+    """Watches ``mds_shards`` and ``training_mixture`` materializations (cursor = storage ids).
+
+    The first tick only records where history ends: turning the sensor on launches nothing
+    for shard sets and mixtures that already exist.
+
+    - A new shard set of recipe R requests ``training_mixture`` for every mixture with a
+      stream on R (run key ``mixture:<name>:<shard set id>``).
+    - A new ``training_mixture`` materialization requests ``training_run`` for that mixture
+      with run key ``train:<mixture>:<mixture version>``: one mixture version launches exactly
+      one training run, however often the mixture is re-materialized.
+    """
+    if not context.cursor:  # first tick: start from now, never launch training for history
+        start = {name: _latest_storage_id(context.instance, key)
+                 for name, key in (("shards", dg.AssetKey("mds_shards")), ("mixture", training_mixture.key))}
+        return dg.SensorResult(cursor=json.dumps(start), skip_reason=dg.SkipReason(
+            f"initialised at storage ids {start}; new shard sets and mixture versions from now on launch runs"))
+    cursor = json.loads(context.cursor)
+    requests: list[dg.RunRequest] = []
+    shards = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("mds_shards"), after_storage_id=cursor.get("shards")),
+        limit=200, ascending=True)
+    for rec in shards.records:
+        cursor["shards"] = rec.storage_id
+        mat = rec.asset_materialization
+        if mat is None or mat.partition is None:
+            continue
+        set_id = mat.tags.get("dagster/data_version", "")
+        known = set(context.instance.get_dynamic_partitions(mixture_partitions.name or "mixtures"))
+        for mixture in _mixtures_using(project, mat.partition):
+            if mixture in known:
+                requests.append(dg.RunRequest(run_key=f"mixture:{mixture}:{set_id}", partition_key=mixture,
+                                              asset_selection=[training_mixture.key],
+                                              tags={"prx/shard_set": set_id}))
+    mixtures = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=training_mixture.key, after_storage_id=cursor.get("mixture")),
+        limit=200, ascending=True)
+    for rec in mixtures.records:
+        cursor["mixture"] = rec.storage_id
+        mat = rec.asset_materialization
+        if mat is None or mat.partition is None:
+            continue
+        version = mat.tags.get("dagster/data_version", "")
+        requests.append(dg.RunRequest(run_key=f"train:{mat.partition}:{version}", partition_key=mat.partition,
+                                      asset_selection=[training_run.key],
+                                      tags={"prx/mixture_version": version, "prx/stage": "train"}))
+    return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor),
+                           skip_reason=None if requests else dg.SkipReason("no new shard set or mixture version"))

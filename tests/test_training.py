@@ -1,0 +1,432 @@
+"""Training: the reference trainer, precomputed latents, and training_run on the real SLURM cluster.
+
+One module-scoped project runs the whole demo graph once (``prx-assets run``: ingest ->
+captions -> lab -> subsets -> shards -> mixture -> training_run, the last on the local
+SLURM cluster); the tests then exercise the sensor, failures, cancellation and stage jobs
+against it.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import lance
+import pytest
+
+from prx_assets.cli import main
+from prx_assets.core.demo_corpus import generate_demo_corpus
+from prx_assets.core.storage import DataRoot
+
+REPO = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> None:
+    """The single-node SLURM cluster (started with slurm/up.sh if it is not up)."""
+    if os.environ.get("PRX_SKIP_SLURM"):
+        pytest.skip("PRX_SKIP_SLURM is set")
+    out = subprocess.run(["bash", str(REPO / "slurm" / "up.sh")], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        pytest.fail(f"slurm/up.sh failed (rc {out.returncode}): {out.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, str],
+            slurm_cluster: None) -> Iterator[dict[str, Any]]:
+    """The demo graph materialized once; yields paths and the mixture spec."""
+    base = tmp_path_factory.mktemp("training")
+    mp = pytest.MonkeyPatch()
+    root = base / "data"
+    root.mkdir()
+    config = base / "config"
+    shutil.copytree(REPO / "config", config)
+    (config / "recipes.yaml").write_text(textwrap.dedent("""
+        recipes:
+          - {name: photos, where: "source = 'photos'", captions: [short], dedup: {exact: true}}
+          - {name: catalog, where: "source = 'catalog'", caption_mix: {detailed: 0.5, short: 0.5}}
+    """))
+    (config / "mixtures.yaml").write_text(textwrap.dedent("""
+        mixtures:
+          - name: mix
+            streams:
+              - {recipe: photos, proportion: 0.6}
+              - {recipe: catalog, proportion: 0.4}
+    """))
+    env = {"PRX_DATA_ROOT": str(root), "PRX_CONFIG_DIR": str(config), "DAGSTER_HOME": str(base / "home"),
+           "PRX_CAPTIONER_MODEL": tiny_models["vl"], "PRX_EMBEDDER_MODEL": tiny_models["siglip"],
+           "PRX_TEXT_ENCODER_MODEL": tiny_models["text"]}
+    for k, v in env.items():
+        mp.setenv(k, v)
+    for k in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL"):
+        mp.delenv(k, raising=False)
+    (base / "home").mkdir()
+    mp.chdir(base)
+    generate_demo_corpus(DataRoot(str(root)), n_photos=24, n_catalog=16, n_web=2)
+    assert main(["run"]) == 0
+    with dg.DagsterInstance.get() as instance:
+        rec = instance.get_latest_data_version_record(dg.AssetKey("training_mixture"), partition_key="mix")
+        spec_uri = rec.asset_materialization.metadata["spec_uri"].value
+    yield {"base": base, "root": root, "config": config, "spec_uri": spec_uri, "models": tiny_models, "env": env}
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _project_env(project: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in the project's environment (conftest's isolation resets it per test)."""
+    for k, v in project["env"].items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(project["base"])
+
+
+def _latest(instance: dg.DagsterInstance, key: str, partition: str) -> dg.AssetMaterialization:
+    rec = instance.get_latest_data_version_record(dg.AssetKey(key), partition_key=partition)
+    assert rec is not None and rec.asset_materialization is not None
+    return rec.asset_materialization
+
+
+def _train(spec: str, text_model: str | None, out: Path, steps: int, precomputed: bool = False) -> dict[str, Any]:
+    from prx_assets.training.train import parse_args, train
+
+    args = ["--spec", spec, "--steps", str(steps), "--workers", "0", "--batch-size", "4", "--dim", "64",
+            "--depth", "2", "--record-samples", str(out), "--text-tower", "qwen3", "--log-every", "1000"]
+    args += ["--precomputed-latents"] if precomputed else ["--text-encoder", str(text_model)]
+    return train(parse_args(args))
+
+
+# ---------------------------------------------------------------------------------- trainer
+
+def test_loss_decreases_on_the_demo_shards(project: dict[str, Any], tmp_path: Path) -> None:
+    m = _train(project["spec_uri"], project["models"]["text"], tmp_path / "s.json", steps=40)
+    assert m["steps"] == 40 and m["mode"] == "on_the_fly"
+    assert m["loss_last"] < 0.9 * m["loss_first"], m["loss_curve"]
+    assert 0 < m["text_encode_fraction"] < 1
+    seen = json.loads((tmp_path / "s.json").read_text())
+    assert len(seen) == 40 * 4
+    keys = {k for _, k in seen}
+    assert keys == {"caption", "caption_detailed", "caption_short"}  # both streams, the mix drawn per sample
+
+
+def test_precomputed_latents_consume_the_same_samples(project: dict[str, Any], tmp_path: Path) -> None:
+    from prx_assets.definitions import defs
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    with dg.DagsterInstance.get() as instance:
+        for recipe in ("photos", "catalog"):
+            res = job.execute_in_process(
+                instance=instance, partition_key=recipe, asset_selection=[dg.AssetKey("mds_shards")],
+                run_config={"ops": {"mds_shards": {"config": {"precomputed_latents": True}}}})
+            assert res.success
+        md = _latest(instance, "mds_shards", "catalog").metadata
+        latents = md["text_latents"].value
+        assert latents["tower"] == "qwen3"
+        assert latents["columns"]["caption_detailed"] == ["latent_caption_detailed_qwen3",
+                                                          "attention_mask_caption_detailed_qwen3"]
+        assert job.execute_in_process(instance=instance, partition_key="mix",
+                                      asset_selection=[dg.AssetKey("training_mixture")]).success
+        spec_uri = _latest(instance, "training_mixture", "mix").metadata["spec_uri"].value
+    assert spec_uri != project["spec_uri"]  # new shard sets -> new mixture version
+    fly = _train(spec_uri, project["models"]["text"], tmp_path / "fly.json", steps=12)
+    pre = _train(spec_uri, None, tmp_path / "pre.json", steps=12, precomputed=True)
+    assert json.loads((tmp_path / "fly.json").read_text()) == json.loads((tmp_path / "pre.json").read_text())
+    # Same samples, same captions, same latents (both float16): the losses agree closely.
+    assert pre["mode"] == "precomputed" and pre["text_encode_seconds"] == 0
+    for a, b in zip(fly["loss_curve"], pre["loss_curve"], strict=True):
+        assert abs(a - b) <= 1e-2 * max(abs(a), 1e-3)
+
+
+def test_precomputed_mode_on_shards_without_latents_names_the_column(project: dict[str, Any],
+                                                                      tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"latent_caption.*_qwen3"):
+        _train(project["spec_uri"], None, tmp_path / "x.json", steps=2, precomputed=True)
+
+
+# ------------------------------------------------------------------------------ on SLURM
+
+def test_demo_graph_trained_on_slurm_through_pipes(project: dict[str, Any]) -> None:
+    with dg.DagsterInstance.get() as instance:
+        mat = _latest(instance, "training_run", "mix")
+        mix_version = Path(project["spec_uri"]).stem  # the version the fixture's run trained on
+        md = {k: v.value for k, v in mat.metadata.items()}
+        assert md["job_mode"] == "slurm" and md["job_id"].isdigit()
+        assert md["steps"] == 40 and md["loss_last"] < md["loss_first"]
+        assert md["samples_per_second"] > 0 and md["mixture_version"] == mix_version
+        assert mat.tags["dagster/data_version"].startswith(mix_version + "-")
+        assert Path(md["checkpoint"]).is_file()
+        # Pipes logs (loss, samples/s) streamed into the run's event log.
+        run_id = mat.tags.get("dagster/run_id") or instance.get_latest_materialization_event(
+            dg.AssetKey("training_run")).run_id
+        logs = [e.user_message for e in instance.all_logs(run_id)]
+        assert any("step 10/40 loss" in m and "samples/s" in m for m in logs)
+    acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", md["job_id"], "--format=State"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert acct == "COMPLETED"
+
+
+def test_sensor_requests_one_training_run_per_mixture_version(project: dict[str, Any]) -> None:
+    from prx_assets.definitions import defs
+    from prx_assets.defs.training import training_sensor
+    from prx_assets.resources.storage import ProjectConfigResource
+
+    with dg.DagsterInstance.get() as instance:
+        # The first tick records where history ends and launches nothing for it.
+        first = training_sensor(dg.build_sensor_context(instance=instance,
+                                                        resources={"project": ProjectConfigResource()}))
+        assert not first.run_requests and first.cursor
+        # New shard sets and a new mixture materialization: the next tick sees them.
+        job = defs.resolve_implicit_global_asset_job_def()
+        for recipe in ("photos", "catalog"):
+            assert job.execute_in_process(instance=instance, partition_key=recipe,
+                                          asset_selection=[dg.AssetKey("mds_shards")]).success
+        assert job.execute_in_process(instance=instance, partition_key="mix",
+                                      asset_selection=[dg.AssetKey("training_mixture")]).success
+        version = _latest(instance, "training_mixture", "mix").tags["dagster/data_version"]
+        ctx = dg.build_sensor_context(instance=instance, cursor=first.cursor,
+                                      resources={"project": ProjectConfigResource()})
+        result = training_sensor(ctx)
+        train = [r for r in result.run_requests if r.asset_selection == [dg.AssetKey("training_run")]]
+        mixture = [r for r in result.run_requests if r.asset_selection == [dg.AssetKey("training_mixture")]]
+        assert {r.run_key for r in mixture} >= {f"mixture:mix:{_latest(instance, 'mds_shards', r).tags['dagster/data_version']}"
+                                                 for r in ("photos", "catalog")}
+        assert train[-1].run_key == f"train:mix:{version}" and train[-1].partition_key == "mix"
+        # Every materialization of the same version maps to the same run key: one run per version.
+        assert len({r.run_key for r in train if r.run_key.endswith(version)}) == 1
+
+        # The request, executed, submits a SLURM job and materializes from the job's report.
+        req = train[-1]
+        res = job.execute_in_process(instance=instance, partition_key=req.partition_key,
+                                     asset_selection=req.asset_selection, tags=req.tags,
+                                     run_config={"ops": {"training_run": {"config": {"steps": 6}}}})
+        assert res.success
+        mat = res.get_asset_materialization_events()[0].materialization
+        assert mat.metadata["job_mode"].value == "slurm" and mat.metadata["steps"].value == 6
+
+        # A second tick with nothing new launches nothing.
+        ctx2 = dg.build_sensor_context(instance=instance, cursor=result.cursor,
+                                       resources={"project": ProjectConfigResource()})
+        again = training_sensor(ctx2)
+        assert not again.run_requests and again.skip_reason is not None
+
+
+def test_failing_job_fails_the_run_with_the_job_error(project: dict[str, Any]) -> None:
+    from prx_assets.definitions import defs
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    with dg.DagsterInstance.get() as instance:
+        res = job.execute_in_process(
+            instance=instance, partition_key="mix", asset_selection=[dg.AssetKey("training_run")],
+            raise_on_error=False,
+            run_config={"ops": {"training_run": {"config": {"steps": 2, "dim": 30, "heads": 4}}}})
+    assert not res.success
+    failure = next(e for e in res.all_events if e.is_step_failure).step_failure_data
+    text = failure.user_failure_data.description if failure.user_failure_data else failure.error.message
+    assert "slurm job" in text and "FAILED" in text
+    assert "embed_dim must be divisible by num_heads" in text  # the job log's tail
+
+
+def _wait_for_job(name_prefix: str, timeout: float = 60) -> str:
+    from prx_assets.resources.slurm import SlurmResource
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for j in SlurmResource().queue():
+            if j["name"].startswith(name_prefix) and j["state"] == "RUNNING":
+                return j["job_id"]
+        time.sleep(0.3)
+    raise AssertionError(f"no RUNNING job named {name_prefix}*")
+
+
+def test_cancelled_job_fails_the_run(project: dict[str, Any]) -> None:
+    from prx_assets.definitions import defs
+    from prx_assets.resources.slurm import SlurmResource
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        with dg.DagsterInstance.get() as instance:
+            box["res"] = job.execute_in_process(
+                instance=instance, partition_key="mix", asset_selection=[dg.AssetKey("training_run")],
+                raise_on_error=False, run_config={"ops": {"training_run": {"config": {"steps": 100000}}}})
+
+    t = threading.Thread(target=run)
+    t.start()
+    job_id = _wait_for_job("prx-train-mix")
+    SlurmResource().cancel(job_id)
+    t.join(timeout=120)
+    assert not t.is_alive()
+    res = box["res"]
+    assert not res.success
+    failure = next(e for e in res.all_events if e.is_step_failure).step_failure_data
+    assert "CANCELLED" in failure.user_failure_data.description
+
+
+def test_terminating_the_run_cancels_the_job(project: dict[str, Any], tmp_path: Path) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent("""
+        import dagster as dg
+        from prx_assets.definitions import defs
+        job = defs.resolve_implicit_global_asset_job_def()
+        with dg.DagsterInstance.get() as instance:
+            job.execute_in_process(instance=instance, partition_key="mix", raise_on_error=False,
+                                   asset_selection=[dg.AssetKey("training_run")],
+                                   run_config={"ops": {"training_run": {"config": {"steps": 100000}}}})
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=project["base"])
+    try:
+        job_id = _wait_for_job("prx-train-mix")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    from prx_assets.resources.slurm import SlurmResource
+
+    deadline = time.time() + 30
+    while (state := SlurmResource().status(job_id).state) not in ("CANCELLED", "COMPLETED", "FAILED") \
+            and time.time() < deadline:
+        time.sleep(0.3)
+    assert state == "CANCELLED"
+
+
+def test_recaptions_partition_on_slurm_equals_in_process(project: dict[str, Any], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from prx_assets.definitions import defs
+    from prx_assets.defs.enrichment import recaptions
+    from prx_assets.resources.slurm import SlurmResource
+
+    root_a = project["root"]
+    root_b = tmp_path / "data"
+    shutil.copytree(root_a, root_b, ignore=shutil.ignore_patterns("captions.lance", "slurm", "mds", "training"))
+    with dg.DagsterInstance.get() as src:
+        keys = src.get_dynamic_partitions("raw_batches")
+        captioners = src.get_dynamic_partitions("captioners")
+    monkeypatch.setenv("PRX_DATA_ROOT", str(root_b))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    batch = next(k for k in keys if k.startswith("photos"))
+    pk = f"{batch}|{captioners[0]}"
+    resources = {k: v for k, v in defs.resources.items()}
+    resources["slurm"] = SlurmResource(mode="slurm", stages=["recaptions"])
+    with dg.DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("raw_batches", keys)
+        instance.add_dynamic_partitions("captioners", captioners)
+        res = dg.materialize([recaptions], partition_key=pk, resources=resources, instance=instance,
+                             selection=[recaptions.key])
+    assert res.success
+    md = res.get_asset_materialization_events()[0].materialization.metadata
+    assert md["computed"].value > 0
+
+    def rows(root: Path) -> list[tuple[Any, ...]]:
+        t = lance.dataset(str(root / "lance" / "captions.lance")).to_table(
+            columns=["image_id", "captioner_id", "caption", "tokens"],
+            filter=f"batch = '{batch}' AND captioner_id = '{captioners[0]}'")
+        return sorted(tuple(r.values()) for r in t.to_pylist())
+
+    assert rows(root_b) == rows(root_a) and len(rows(root_a)) == md["computed"].value + md["reused_same_content"].value
+    job_logs = list((root_b / "slurm").glob("prx-recaptions-*/job.log"))
+    assert job_logs and "prx job" in job_logs[0].read_text()
+
+
+# ------------------------------------------------------------------- dagster dev, end to end
+
+def _graphql(port: int, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", method="POST",
+                                 data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        out = json.loads(r.read())
+    assert "errors" not in out, out
+    return out["data"]
+
+
+SENSOR = {"repositoryLocationName": "prx_assets.definitions", "repositoryName": "__repository__",
+          "sensorName": "training_sensor"}
+START_SENSOR = """mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) {
+  __typename ... on Sensor { sensorState { status } } ... on PythonError { message } } }"""
+SENSOR_TICKS = """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) {
+  ... on Sensor { sensorState { status ticks(limit: 20) { status timestamp runKeys cursor } } } } }"""
+
+
+def _ticks(port: int) -> list[dict[str, Any]]:
+    return _graphql(port, SENSOR_TICKS, {"s": SENSOR})["sensorOrError"]["sensorState"]["ticks"]
+
+
+def _wait(pred: Any, timeout: float, what: str) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_sensor_fires_on_its_own_under_dagster_dev(project: dict[str, Any], tmp_path: Path) -> None:
+    import urllib.request
+
+    from prx_assets.definitions import defs
+
+    from .conftest import free_port
+
+    port = free_port()
+    log = open(tmp_path / "dagster_dev.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-m", "prx_assets.definitions",
+                             "-h", "127.0.0.1", "-p", str(port)], cwd=project["base"], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ})
+    try:
+        def up() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        _wait(up, 180, "dagster dev to answer /server_info")
+        started = _graphql(port, START_SENSOR, {"s": SENSOR})["startSensor"]
+        assert started["__typename"] == "Sensor", started
+        _wait(lambda: _ticks(port), 120, "the sensor's first tick (the daemon runs it)")
+
+        # A mixture materializes (outside the webserver, as a user's run would): the daemon's
+        # next tick launches exactly one training run for its version.
+        job = defs.resolve_implicit_global_asset_job_def()
+        with dg.DagsterInstance.get() as instance:
+            assert job.execute_in_process(instance=instance, partition_key="mix",
+                                          asset_selection=[dg.AssetKey("training_mixture")]).success
+            version = _latest(instance, "training_mixture", "mix").tags["dagster/data_version"]
+
+            def sensor_runs() -> list[dg.DagsterRun]:
+                return instance.get_runs(filters=dg.RunsFilter(tags={"dagster/sensor_name": "training_sensor"}))
+
+            run = _wait(lambda: [r for r in sensor_runs() if r.status in (dg.DagsterRunStatus.SUCCESS,
+                                                                            dg.DagsterRunStatus.FAILURE)],
+                        300, "the sensor-launched training run to finish")[0]
+            assert run.status == dg.DagsterRunStatus.SUCCESS, [e.user_message for e in instance.all_logs(run.run_id)][-20:]
+            assert run.tags["dagster/run_key"] == f"train:mix:{version}"
+            mat = _latest(instance, "training_run", "mix")
+            assert mat.tags["dagster/data_version"].startswith(version)
+
+            # The same version again: the sensor asks with the same run key, nothing new launches.
+            last = max(t["timestamp"] for t in _ticks(port))
+            assert job.execute_in_process(instance=instance, partition_key="mix",
+                                          asset_selection=[dg.AssetKey("training_mixture")]).success
+            _wait(lambda: sum(t["timestamp"] > last for t in _ticks(port)) >= 2, 120, "two more sensor ticks")
+            assert len(sensor_runs()) == 1
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
