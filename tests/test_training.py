@@ -150,6 +150,27 @@ def test_precomputed_mode_on_shards_without_latents_names_the_column(project: di
         _train(project["spec_uri"], None, tmp_path / "x.json", steps=2, precomputed=True)
 
 
+def test_ddp_on_two_ranks_checkpoints_and_resumes(project: dict[str, Any], tmp_path: Path) -> None:
+    from .conftest import free_port
+
+    def run(steps: int) -> tuple[dict[str, Any], str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "prx_assets.training.train",
+             "--spec", project["spec_uri"], "--steps", str(steps), "--workers", "0", "--batch-size", "4",
+             "--dim", "64", "--depth", "2", "--text-encoder", project["models"]["text"],
+             "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-json", str(tmp_path / "m.json")],
+            capture_output=True, text=True, timeout=300, check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads((tmp_path / "m.json").read_text()), out.stdout
+
+    metrics, _ = run(4)
+    assert metrics["world_size"] == 2 and metrics["steps"] == 4
+    assert (tmp_path / "ckpt" / "final.pt").is_file() and (tmp_path / "ckpt" / "last.pt").is_file()
+    metrics, stdout = run(6)  # same folder: resumes at step 4
+    assert "resumed from" in stdout and metrics["steps"] == 6 and len(metrics["loss_curve"]) == 2
+
+
 # ------------------------------------------------------------------------------ on SLURM
 
 def test_demo_graph_trained_on_slurm_through_pipes(project: dict[str, Any]) -> None:

@@ -118,8 +118,15 @@ def caption_plans(spec: dict[str, Any]) -> tuple[dict[str, float], ...]:
 
 def build_dataset(spec: dict[str, Any], *, batch_size: int, resolution: int, multiple: int, seed: int,
                   caption_seed: int, tower: str | None, cache_root: str | None = None,
-                  shuffle: bool = True) -> MixtureDataset:
-    """A :class:`MixtureDataset` over the spec's streams (local folders or ``s3://``)."""
+                  shuffle: bool = True, min_epoch_size: int = 0) -> MixtureDataset:
+    """A :class:`MixtureDataset` over the spec's streams (local folders or ``s3://``).
+
+    ``min_epoch_size`` stretches the epoch (the streams' proportions are kept) so a run of a
+    fixed number of steps never crosses an epoch boundary: ``StreamingDataset`` starts each
+    epoch with a barrier across the node's ranks, and ranks whose bucketed batching has
+    consumed different numbers of samples would otherwise wait there for a rank that has
+    already finished.
+    """
     from streaming.base.util import clean_stale_shared_memory
 
     from prx_assets.core.mixture import streaming_kwargs
@@ -129,8 +136,9 @@ def build_dataset(spec: dict[str, Any], *, batch_size: int, resolution: int, mul
     clean_stale_shared_memory()
     options = SampleOptions(resolution=resolution, multiple=multiple, caption_plans=caption_plans(spec),
                             caption_seed=caption_seed, tower=tower)
-    return MixtureDataset(options=options, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
-                          **streaming_kwargs(spec, cache_root))
+    kwargs = streaming_kwargs(spec, cache_root)
+    kwargs["epoch_size"] = max(int(kwargs["epoch_size"]), min_epoch_size)
+    return MixtureDataset(options=options, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed, **kwargs)
 
 
 def bucketed_batches(samples: Iterator[dict[str, Any]], batch_size: int) -> Iterator[list[dict[str, Any]]]:

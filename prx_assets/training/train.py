@@ -156,7 +156,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             stack.callback(shutil.rmtree, cache_root, True)
         dataset = build_dataset(spec, batch_size=args.batch_size, resolution=args.resolution,
                                 multiple=args.patch, seed=args.seed, caption_seed=args.caption_seed,
-                                tower=tower if args.precomputed_latents else None, cache_root=cache_root)
+                                tower=tower if args.precomputed_latents else None, cache_root=cache_root,
+                                # room for every step plus partly filled buckets, on every rank
+                                min_epoch_size=2 * world * args.batch_size * (args.steps + 32))
         if pipes:
             pipes.log.info(f"training on mixture {spec['name']} v{spec['mixture_version']} ({len(dataset)} samples "
                            f"per epoch, {len(spec['streams'])} streams), text latents {mode} ({tower}), "
