@@ -27,6 +27,8 @@ from prx_assets.cli import main
 from prx_assets.core.demo_corpus import generate_demo_corpus
 from prx_assets.core.storage import DataRoot
 
+from .conftest import dagster_dev, graphql, wait_for
+
 REPO = Path(__file__).parents[1]
 
 
@@ -360,18 +362,6 @@ def test_recaptions_partition_on_slurm_equals_in_process(project: dict[str, Any]
 
 # ------------------------------------------------------------------- dagster dev, end to end
 
-def _graphql(port: int, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-    import urllib.request
-
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", method="POST",
-                                 data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        out = json.loads(r.read())
-    assert "errors" not in out, out
-    return out["data"]
-
-
 SENSOR = {"repositoryLocationName": "prx_assets.definitions", "repositoryName": "__repository__",
           "sensorName": "training_sensor"}
 START_SENSOR = """mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) {
@@ -381,43 +371,16 @@ SENSOR_TICKS = """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s)
 
 
 def _ticks(port: int) -> list[dict[str, Any]]:
-    return _graphql(port, SENSOR_TICKS, {"s": SENSOR})["sensorOrError"]["sensorState"]["ticks"]
-
-
-def _wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return graphql(port, SENSOR_TICKS, {"s": SENSOR})["sensorOrError"]["sensorState"]["ticks"]
 
 
 def test_sensor_fires_on_its_own_under_dagster_dev(project: dict[str, Any], tmp_path: Path) -> None:
-    import urllib.request
-
     from prx_assets.definitions import defs
 
-    from .conftest import free_port
-
-    port = free_port()
-    log = open(tmp_path / "dagster_dev.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-m", "prx_assets.definitions",
-                             "-h", "127.0.0.1", "-p", str(port)], cwd=project["base"], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ})
-    try:
-        def up() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        _wait(up, 180, "dagster dev to answer /server_info")
-        started = _graphql(port, START_SENSOR, {"s": SENSOR})["startSensor"]
+    with dagster_dev(project["base"], tmp_path / "dagster_dev.log") as port:
+        started = graphql(port, START_SENSOR, {"s": SENSOR})["startSensor"]
         assert started["__typename"] == "Sensor", started
-        _wait(lambda: _ticks(port), 120, "the sensor's first tick (the daemon runs it)")
+        wait_for(lambda: _ticks(port), 120, "the sensor's first tick (the daemon runs it)")
 
         # A mixture materializes (outside the webserver, as a user's run would): the daemon's
         # next tick launches exactly one training run for its version.
@@ -430,7 +393,7 @@ def test_sensor_fires_on_its_own_under_dagster_dev(project: dict[str, Any], tmp_
             def sensor_runs() -> list[dg.DagsterRun]:
                 return instance.get_runs(filters=dg.RunsFilter(tags={"dagster/sensor_name": "training_sensor"}))
 
-            run = _wait(lambda: [r for r in sensor_runs() if r.status in (dg.DagsterRunStatus.SUCCESS,
+            run = wait_for(lambda: [r for r in sensor_runs() if r.status in (dg.DagsterRunStatus.SUCCESS,
                                                                             dg.DagsterRunStatus.FAILURE)],
                         300, "the sensor-launched training run to finish")[0]
             assert run.status == dg.DagsterRunStatus.SUCCESS, [e.user_message for e in instance.all_logs(run.run_id)][-20:]
@@ -442,12 +405,5 @@ def test_sensor_fires_on_its_own_under_dagster_dev(project: dict[str, Any], tmp_
             last = max(t["timestamp"] for t in _ticks(port))
             assert job.execute_in_process(instance=instance, partition_key="mix",
                                           asset_selection=[dg.AssetKey("training_mixture")]).success
-            _wait(lambda: sum(t["timestamp"] > last for t in _ticks(port)) >= 2, 120, "two more sensor ticks")
+            wait_for(lambda: sum(t["timestamp"] > last for t in _ticks(port)) >= 2, 120, "two more sensor ticks")
             assert len(sensor_runs()) == 1
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
