@@ -1,5 +1,6 @@
 """recaptions and image_embeddings: per-image model outputs for each ingest batch."""
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from prx_assets.defs.partitions import captioner_partitions, raw_batches, recapt
 from prx_assets.defs.remote import StageResources, register_stage, run_stage
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
+    FINGERPRINTS_KEY,
     FingerprintContext,
     digest,
     previous_data_version,
@@ -208,6 +210,13 @@ def caption_quality(context: dg.AssetCheckExecutionContext, storage: StorageReso
     )
 
 
+warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
+
+#: Partitions per run in a backfill of image_embeddings: the embedder loads once per run
+#: instead of once per partition, and Dagster starts one run process per 8 batches.
+EMBED_PARTITIONS_PER_RUN = 8
+
+
 @dg.asset(
     partitions_def=raw_batches,
     deps=[raw_images],
@@ -216,6 +225,7 @@ def caption_quality(context: dg.AssetCheckExecutionContext, storage: StorageReso
     code_version=EMBEDDING_CODE_VERSION,
     owners=["team:data"],
     tags={"stage": "embed"},
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=EMBED_PARTITIONS_PER_RUN),
 )
 def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource,
                      project: ProjectConfigResource, embedder: EmbedderResource,
@@ -224,7 +234,9 @@ def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource
 
     L2-normalized float32 vectors per image and embedder id, in the Lance table
     ``embeddings_<embedder id>``, for vector search and semantic dedup. Incremental, and
-    identical images share one vector.
+    identical images share one vector. A backfill runs up to ``EMBED_PARTITIONS_PER_RUN``
+    batches per run (the model loads once); such a run records totals, a per-batch table
+    and each batch's fingerprint.
     """
     models = project.models()
     if models.embedder is None:
@@ -233,17 +245,34 @@ def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource
     embedder_id = spec.embedder_id()
     root = storage.root()
     name = embeddings_table(embedder_id)
-    res = run_stage(context, slurm, "image_embeddings", context.partition_key,
-                    StageResources(storage=storage, project=project, embedder=embedder))
+    keys = list(context.partition_keys)
+    resources = StageResources(storage=storage, project=project, embedder=embedder)
+    results = {pk: run_stage(context, slurm, "image_embeddings", pk, resources) for pk in keys}
     table = open_table(table_uri(root, name), root.storage_options())
     dim = table.schema.field("embedding").type.list_size if table is not None else 0
-    fp = embeddings_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance,
-                                                   models=models), context.partition_key)
-    md = _enrich_metadata(res, table_uri(root, name), fp)
+    fctx = FingerprintContext(root=root, sources=None, instance=context.instance, models=models)
+    if len(keys) == 1:
+        res = results[keys[0]]
+        md = _enrich_metadata(res, table_uri(root, name), embeddings_fingerprint(fctx, keys[0]))
+        version = _data_version(context, res)
+    else:
+        total = EnrichResult(batch=f"{keys[0]}..{keys[-1]}", key=embedder_id)
+        for r in results.values():
+            for f in ("images", "missing", "computed", "reused", "written", "seconds", "compute_seconds"):
+                setattr(total, f, getattr(total, f) + getattr(r, f))
+        total.version = table.version if table is not None else None
+        md = _enrich_metadata(total, table_uri(root, name), "")
+        del md[FINGERPRINT_KEY]
+        md[FINGERPRINTS_KEY] = dg.MetadataValue.json({pk: embeddings_fingerprint(fctx, pk) for pk in keys})
+        md["partitions_in_run"] = len(keys)
+        md["per_batch"] = dg.MetadataValue.md("\n".join(
+            ["| batch | images | computed | reused | Lance version |", "|---|---|---|---|---|"] +
+            [f"| {pk} | {r.images} | {r.computed} | {r.reused} | {r.version} |" for pk, r in results.items()]))
+        version = dg.DataVersion(str(total.version if total.version is not None else 0))
     md["embedder_id"] = embedder_id
     md["model"] = spec.model
     md["dim"] = dim
-    return dg.MaterializeResult(metadata=md, data_version=_data_version(context, res))
+    return dg.MaterializeResult(metadata=md, data_version=version)
 
 
 __all__ = ["caption_quality", "captioner_partitions", "image_embeddings", "recaptions"]

@@ -18,6 +18,8 @@ from prx_assets.core.models_config import ModelsConfig
 from prx_assets.core.storage import DataRoot
 
 FINGERPRINT_KEY = "prx/fingerprint"
+#: In a run over several partitions (a batched backfill): JSON {partition key: fingerprint}.
+FINGERPRINTS_KEY = "prx/fingerprints"
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,11 @@ def recorded_fingerprints(instance: dg.DagsterInstance, key: dg.AssetKey) -> dic
             if mat is None or mat.partition in out:
                 continue
             value = mat.metadata.get(FINGERPRINT_KEY)
-            out[mat.partition] = str(value.value) if value is not None else ""
+            ranged = mat.metadata.get(FINGERPRINTS_KEY)
+            if ranged is not None and isinstance(ranged.value, dict):
+                out[mat.partition] = str(ranged.value.get(mat.partition, ""))
+            else:
+                out[mat.partition] = str(value.value) if value is not None else ""
         if not res.has_more:
             return out
         cursor = res.cursor
