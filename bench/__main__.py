@@ -1,6 +1,7 @@
 """Run every benchmark in this folder and print their tables.
 
-Usage: ``python -m bench [name ...]`` (names: ingest, captions, lab, shards, training). Results are also written as
+Usage: ``python -m bench [name ...]`` (names: ingest, captions, lab, shards, training,
+dagster_overhead). Results are also written as
 JSON under ``bench/results/``.
 """
 
@@ -10,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("ingest", "captions", "lab", "shards", "training")
+BENCHES = ("ingest", "captions", "lab", "shards", "training", "dagster_overhead")
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,144 @@
+"""Dagster overhead on this deployment shape: launch-to-done latency of one small partition
+through GraphQL, and a 50-partition backfill under three backfill policies, side by side.
+
+Starts ``dagster dev`` (webserver + daemon, the project's dagster.yaml: queued runs, at most 4
+at once) on a temporary instance with ``bench/overhead_defs.py``; every asset does the same
+tiny work per partition, so the times are Dagster's (run process start, event-log writes,
+daemon ticks).
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).parents[1]
+LOCATION = "bench.overhead_defs"
+LAUNCH_RUN = """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
+  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
+RUN_STATUS = """query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"""
+LAUNCH_BACKFILL = """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
+BACKFILL_STATUS = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
+  ... on PartitionBackfill { status numCancelable } } }"""
+ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
+
+
+def _gql(port: int, query: str, variables: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", method="POST",
+                                 data=json.dumps({"query": query, "variables": variables}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out = json.loads(r.read())
+    if "errors" in out:
+        raise RuntimeError(out["errors"])
+    return out["data"]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_partition(port: int, asset: str, partition: str) -> float:
+    """Seconds from launchRun to SUCCESS for one partition."""
+    params = {"selector": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
+                           "jobName": "__ASSET_JOB", "assetSelection": [{"path": [asset]}]},
+              "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]}}
+    t0 = time.perf_counter()
+    out = _gql(port, LAUNCH_RUN, {"p": params})["launchRun"]
+    if out["__typename"] != "LaunchRunSuccess":
+        raise RuntimeError(out)
+    run_id = out["run"]["runId"]
+    while True:
+        status = _gql(port, RUN_STATUS, {"id": run_id})["runOrError"]["status"]
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            if status != "SUCCESS":
+                raise RuntimeError(f"run {run_id} {status}")
+            return time.perf_counter() - t0
+        time.sleep(0.1)
+
+
+def backfill(port: int, asset: str) -> float:
+    """Seconds from launchPartitionBackfill to COMPLETED_SUCCESS over all 50 partitions."""
+    from bench.overhead_defs import PARTITIONS
+
+    t0 = time.perf_counter()
+    out = _gql(port, LAUNCH_BACKFILL, {"p": {"assetSelection": [{"path": [asset]}],
+                                             "partitionNames": PARTITIONS.get_partition_keys()}})
+    out = out["launchPartitionBackfill"]
+    if out["__typename"] != "LaunchBackfillSuccess":
+        raise RuntimeError(out)
+    while True:
+        status = _gql(port, BACKFILL_STATUS, {"id": out["backfillId"]})["partitionBackfillOrError"]["status"]
+        if status not in ("REQUESTED", "CANCELING", "FAILING"):
+            if status != "COMPLETED_SUCCESS":
+                raise RuntimeError(f"backfill {out['backfillId']} {status}")
+            return time.perf_counter() - t0
+        time.sleep(0.25)
+
+
+def run() -> dict[str, Any]:
+    """Start dagster dev, measure, stop it."""
+    tmp = Path(tempfile.mkdtemp(prefix="prx-bench-dagster-"))
+    home = tmp / "home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    port = _port()
+    log = open(tmp / "dagster_dev.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-m", LOCATION,
+                             "-h", "127.0.0.1", "-p", str(port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, "DAGSTER_HOME": str(home)})
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2):
+                    break
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError(f"dagster dev did not start; see {tmp / 'dagster_dev.log'}") from None
+                time.sleep(1)
+        one_partition(port, "one_per_run", "b000")  # warm the code server
+        single = [one_partition(port, "one_per_run", f"b{i + 1:03d}") for i in range(ROUNDS)]
+        results = {name: backfill(port, name) for name in ("one_per_run", "ten_per_run", "single_run")}
+        return {"one_partition_seconds": [round(x, 2) for x in single],
+                "backfill_50_seconds": {k: round(v, 2) for k, v in results.items()},
+                "runs": {"one_per_run": 50, "ten_per_run": 5, "single_run": 1},
+                "speedup_vs_one_per_run": {k: round(results["one_per_run"] / v, 2) for k, v in results.items()}}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def format_table(r: dict[str, Any]) -> str:
+    """A small text table."""
+    import statistics
+
+    b = r["backfill_50_seconds"]
+    return "\n".join([
+        "Dagster overhead (dagster dev: webserver + daemon, queued runs, max 4 at once)",
+        f"  one small partition, launchRun -> SUCCESS: median {statistics.median(r['one_partition_seconds']):.2f}s "
+        f"{r['one_partition_seconds']}",
+        "  backfill of 50 small partitions:",
+        *[f"    {k:<12} {r['runs'][k]:>3} runs  {v:7.2f}s  ({r['speedup_vs_one_per_run'][k]:.2f}x vs one per run)"
+          for k, v in b.items()],
+    ])
+
+
+if __name__ == "__main__":
+    print(format_table(run()))
