@@ -360,6 +360,37 @@ def test_recaptions_partition_on_slurm_equals_in_process(project: dict[str, Any]
     assert job_logs and "prx job" in job_logs[0].read_text()
 
 
+def test_lineage_from_training_run_and_from_shard_set(project: dict[str, Any],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with dg.DagsterInstance.get() as instance:
+        run_mat = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("training_run"), asset_partitions=["mix"]), limit=1).records[0]
+    assert main(["lineage", "training_run[mix]", "--json"]) == 0
+    lin = json.loads(capsys.readouterr().out)
+    assert lin["training"]["dagster_run_id"] == run_mat.run_id and lin["training"]["code_version"] == "train-1"
+    spec = json.loads(Path(str(run_mat.asset_materialization.metadata["spec_uri"].value)).read_text())
+    assert lin["mixture"]["mixture_version"] == spec["mixture_version"]
+    streams = {s["recipe"]: s for s in lin["mixture"]["streams"]}
+    assert set(streams) == {"photos", "catalog"}
+    photos = streams["photos"]["shard_set"]
+    assert photos["shard_set_id"] == next(s["shard_set_id"] for s in spec["streams"] if s["recipe"] == "photos")
+    assert photos["subset"]["subset_id"] == photos["shard_set_id"].rsplit("-s", 1)[0]
+    assert isinstance(photos["lance"]["version"], int) and photos["lance"]["tag"].startswith("subset-photos-v")
+    assert set(photos["sources"]) == {"photos"} and photos["sources"]["photos"]["images"] == photos["samples"]
+    assert all(b.startswith("photos-") for b in photos["sources"]["photos"]["batches"])
+    assert photos["asset_code_versions"]["mds_shards"] == "shards-1"
+    assert photos["asset_code_versions"]["raw_images"] == ["ingest-1"]
+    catalog = streams["catalog"]["shard_set"]
+    assert len(catalog["captioner_ids"]) == 2 and all("model" in d for d in catalog["captioners"].values())
+
+    # The same chain as text, from the shard set id alone; an unknown target names itself.
+    assert main(["lineage", photos["shard_set_id"]]) == 0
+    text = capsys.readouterr().out
+    assert f"shard set {photos['shard_set_id']}" in text and "source photos (folder" in text
+    assert main(["lineage", "no-such-thing"]) == 2
+    assert "'no-such-thing' is not a training run" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------- dagster dev, end to end
 
 SENSOR = {"repositoryLocationName": "prx_assets.definitions", "repositoryName": "__repository__",
