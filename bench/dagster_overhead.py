@@ -7,18 +7,14 @@ tiny work per partition, so the times are Dagster's (run process start, event-lo
 daemon ticks).
 """
 
-import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from prx_assets.devserver import dagster_dev, graphql
 
 REPO = Path(__file__).parents[1]
 LOCATION = "bench.overhead_defs"
@@ -32,35 +28,18 @@ BACKFILL_STATUS = """query($id: String!) { partitionBackfillOrError(backfillId: 
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
 
 
-def _gql(port: int, query: str, variables: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", method="POST",
-                                 data=json.dumps({"query": query, "variables": variables}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        out = json.loads(r.read())
-    if "errors" in out:
-        raise RuntimeError(out["errors"])
-    return out["data"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_partition(port: int, asset: str, partition: str) -> float:
     """Seconds from launchRun to SUCCESS for one partition."""
     params = {"selector": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
                            "jobName": "__ASSET_JOB", "assetSelection": [{"path": [asset]}]},
               "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]}}
     t0 = time.perf_counter()
-    out = _gql(port, LAUNCH_RUN, {"p": params})["launchRun"]
+    out = graphql(port, LAUNCH_RUN, {"p": params})["launchRun"]
     if out["__typename"] != "LaunchRunSuccess":
         raise RuntimeError(out)
     run_id = out["run"]["runId"]
     while True:
-        status = _gql(port, RUN_STATUS, {"id": run_id})["runOrError"]["status"]
+        status = graphql(port, RUN_STATUS, {"id": run_id})["runOrError"]["status"]
         if status in ("SUCCESS", "FAILURE", "CANCELED"):
             if status != "SUCCESS":
                 raise RuntimeError(f"run {run_id} {status}")
@@ -73,13 +52,13 @@ def backfill(port: int, asset: str) -> float:
     from bench.overhead_defs import PARTITIONS
 
     t0 = time.perf_counter()
-    out = _gql(port, LAUNCH_BACKFILL, {"p": {"assetSelection": [{"path": [asset]}],
+    out = graphql(port, LAUNCH_BACKFILL, {"p": {"assetSelection": [{"path": [asset]}],
                                              "partitionNames": PARTITIONS.get_partition_keys()}})
     out = out["launchPartitionBackfill"]
     if out["__typename"] != "LaunchBackfillSuccess":
         raise RuntimeError(out)
     while True:
-        status = _gql(port, BACKFILL_STATUS, {"id": out["backfillId"]})["partitionBackfillOrError"]["status"]
+        status = graphql(port, BACKFILL_STATUS, {"id": out["backfillId"]})["partitionBackfillOrError"]["status"]
         if status not in ("REQUESTED", "CANCELING", "FAILING"):
             if status != "COMPLETED_SUCCESS":
                 raise RuntimeError(f"backfill {out['backfillId']} {status}")
@@ -93,35 +72,16 @@ def run() -> dict[str, Any]:
     home = tmp / "home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    port = _port()
-    log = open(tmp / "dagster_dev.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-m", LOCATION,
-                             "-h", "127.0.0.1", "-p", str(port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "DAGSTER_HOME": str(home)})
     try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2):
-                    break
-            except OSError:
-                if time.time() > deadline:
-                    raise RuntimeError(f"dagster dev did not start; see {tmp / 'dagster_dev.log'}") from None
-                time.sleep(1)
-        one_partition(port, "one_per_run", "b000")  # warm the code server
-        single = [one_partition(port, "one_per_run", f"b{i + 1:03d}") for i in range(ROUNDS)]
-        results = {name: backfill(port, name) for name in ("one_per_run", "ten_per_run", "single_run")}
-        return {"one_partition_seconds": [round(x, 2) for x in single],
-                "backfill_50_seconds": {k: round(v, 2) for k, v in results.items()},
-                "runs": {"one_per_run": 50, "ten_per_run": 5, "single_run": 1},
-                "speedup_vs_one_per_run": {k: round(results["one_per_run"] / v, 2) for k, v in results.items()}}
+        with dagster_dev(REPO, tmp / "dagster_dev.log", env={"DAGSTER_HOME": str(home)}, module=LOCATION) as port:
+            one_partition(port, "one_per_run", "b000")  # warm the code server
+            single = [one_partition(port, "one_per_run", f"b{i + 1:03d}") for i in range(ROUNDS)]
+            results = {name: backfill(port, name) for name in ("one_per_run", "ten_per_run", "single_run")}
+            return {"one_partition_seconds": [round(x, 2) for x in single],
+                    "backfill_50_seconds": {k: round(v, 2) for k, v in results.items()},
+                    "runs": {"one_per_run": 50, "ten_per_run": 5, "single_run": 1},
+                    "speedup_vs_one_per_run": {k: round(results["one_per_run"] / v, 2) for k, v in results.items()}}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -375,12 +375,14 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 def _print_training(instance: dg.DagsterInstance) -> None:
     """Where the latest training runs ran (SLURM or local subprocess) and what they reported."""
+    from prx_assets.defs.staleness import latest_materialization
+
     key = dg.AssetKey("training_run")
     for pk in instance.get_dynamic_partitions("mixtures"):
-        rec = instance.get_latest_data_version_record(key, partition_key=pk)
-        if rec is None or rec.asset_materialization is None:
+        mat = latest_materialization(instance, key, pk)
+        if mat is None:
             continue
-        md = {k: v.value for k, v in rec.asset_materialization.metadata.items()}
+        md = {k: v.value for k, v in mat.metadata.items()}
         where = "on the local SLURM cluster" if md.get("job_mode") == "slurm" else \
             "as a local subprocess (SLURM not up; `make slurm-up` starts it)"
         print(f"training_run[{pk}] ran {where}: job {md.get('job_id')}, {md.get('steps')} steps, loss "

@@ -16,6 +16,7 @@ import dagster as dg
 from prx_assets.core.lineage import mixture_lineage, read_json, shard_set_lineage
 from prx_assets.core.shards import MDS_DIR
 from prx_assets.core.storage import DataRoot
+from prx_assets.defs.staleness import latest_materialization as _latest
 from prx_assets.errors import PrxError
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -38,11 +39,6 @@ def _mat_with_version(instance: dg.DagsterInstance, key: str, partition: str | N
         if mat is not None and mat.tags.get("dagster/data_version") == version:
             return mat
     return None
-
-
-def _latest(instance: dg.DagsterInstance, key: str, partition: str | None) -> dg.AssetMaterialization | None:
-    rec = instance.get_latest_data_version_record(dg.AssetKey(key), partition_key=partition)
-    return rec.asset_materialization if rec is not None else None
 
 
 def _enrich_shard_set(instance: dg.DagsterInstance, ss: dict[str, Any]) -> dict[str, Any]:

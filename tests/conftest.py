@@ -1,10 +1,8 @@
 """Shared fixtures: temporary data roots, image factories, a real moto S3 server."""
 
-import contextlib
 import io
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,11 +21,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may reach a model hub
 os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
 
 
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from prx_assets.devserver import dagster_dev, free_port, graphql  # noqa: E402,F401 - shared with tests
 
 
 def encode(im: Image.Image, fmt: str, **kw: object) -> bytes:
@@ -154,54 +148,6 @@ def models_env(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("PRX_EMBEDDER_MODEL", tiny_models["siglip"])
     monkeypatch.setenv("PRX_TEXT_ENCODER_MODEL", tiny_models["text"])
     return tiny_models
-
-
-@contextlib.contextmanager
-def dagster_dev(cwd: Path, log_path: Path, env: dict[str, str] | None = None) -> Iterator[int]:
-    """``dagster dev`` (webserver + daemon + code server) on a free loopback port; yields the port.
-
-    Stops the whole process group on exit (dagster dev started from a script ignores SIGINT).
-    """
-    import urllib.request
-
-    port = free_port()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-m", "prx_assets.definitions",
-                                 "-h", "127.0.0.1", "-p", str(port)], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, **(env or {})})
-        try:
-            deadline = time.time() + 180
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"dagster dev did not come up on port {port}; see {log_path}")
-                time.sleep(1)
-            yield port
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
-def graphql(port: int, query: str, variables: dict | None = None) -> dict:
-    """POST a GraphQL query to a local webserver; fails on GraphQL errors."""
-    import json
-    import urllib.request
-
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", method="POST",
-                                 data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        out = json.loads(r.read())
-    assert "errors" not in out, out
-    return out["data"]
 
 
 def wait_for(pred, timeout: float, what: str, every: float = 1.0):

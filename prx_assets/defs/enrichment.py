@@ -18,6 +18,7 @@ from prx_assets.defs.staleness import (
     FINGERPRINTS_KEY,
     FingerprintContext,
     digest,
+    latest_data_version,
     previous_data_version,
     register_fingerprint,
 )
@@ -39,12 +40,7 @@ def split_recaption_key(key: str | dg.MultiPartitionKey) -> tuple[str, str]:
 
 
 def _upstream_version(ctx: FingerprintContext, batch: str) -> str:
-    if ctx.instance is None:
-        return ""
-    rec = ctx.instance.get_latest_data_version_record(dg.AssetKey("raw_images"), partition_key=batch)
-    if rec is None or rec.asset_materialization is None:
-        return ""
-    return rec.asset_materialization.tags.get("dagster/data_version", "")
+    return latest_data_version(ctx.instance, "raw_images", batch)
 
 
 def recaptions_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:

@@ -8,17 +8,23 @@ from prx_assets.core.mixture import MIXTURE_DIR, load_mixtures, resolve
 from prx_assets.core.shards import MDS_DIR
 from prx_assets.defs.partitions import mixture_partitions
 from prx_assets.defs.shards import mds_shards
-from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FingerprintContext,
+    digest,
+    latest_data_version,
+    register_fingerprint,
+)
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 MIXTURE_CODE_VERSION = "mixture-1"
 
 
 def _current_shard_set(instance: dg.DagsterInstance, recipe: str) -> str:
-    rec = instance.get_latest_data_version_record(dg.AssetKey("mds_shards"), partition_key=recipe)
-    if rec is None or rec.asset_materialization is None:
+    version = latest_data_version(instance, "mds_shards", recipe)
+    if not version:
         raise dg.Failure(f"recipe {recipe!r} has no published shard set; materialize mds_shards[{recipe}] first")
-    return rec.asset_materialization.tags["dagster/data_version"]
+    return version
 
 
 def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
@@ -26,12 +32,7 @@ def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> s
     from prx_assets.core.config import config_dir
 
     mix = load_mixtures(config_dir() / "mixtures.yaml")[partition_key or ""]
-    ids = []
-    for s in mix.streams:
-        rec = ctx.instance.get_latest_data_version_record(dg.AssetKey("mds_shards"), partition_key=s.recipe) \
-            if ctx.instance else None
-        ids.append(rec.asset_materialization.tags.get("dagster/data_version") if rec and rec.asset_materialization
-                   else "")
+    ids = [latest_data_version(ctx.instance, "mds_shards", s.recipe) for s in mix.streams]
     return digest(MIXTURE_CODE_VERSION, repr(mix), ids)
 
 

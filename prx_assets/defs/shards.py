@@ -20,6 +20,7 @@ from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
     digest,
+    latest_data_version,
     previous_data_version,
     register_fingerprint,
 )
@@ -42,23 +43,18 @@ class ShardConfig(dg.Config):
 
 def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """Code version + the recipe's current subset id."""
-    rec = ctx.instance.get_latest_data_version_record(dg.AssetKey("curated_subsets"),
-                                                      partition_key=partition_key) if ctx.instance else None
-    sid = rec.asset_materialization.tags.get("dagster/data_version", "") if rec and rec.asset_materialization \
-        else ""
-    return digest(SHARDS_CODE_VERSION, sid)
+    return digest(SHARDS_CODE_VERSION, latest_data_version(ctx.instance, "curated_subsets", partition_key))
 
 
 register_fingerprint("mds_shards", shards_fingerprint)
 
 
 def _subset_of(context: dg.AssetExecutionContext) -> str:
-    dv = context.instance.get_latest_data_version_record(dg.AssetKey("curated_subsets"),
-                                                         partition_key=context.partition_key)
-    if dv is None or dv.asset_materialization is None:
+    version = latest_data_version(context.instance, "curated_subsets", context.partition_key)
+    if not version:
         raise dg.Failure(f"curated_subsets has no materialization for recipe {context.partition_key!r}; "
                          "materialize it first")
-    return dv.asset_materialization.tags["dagster/data_version"]
+    return version
 
 
 @dg.asset(
@@ -125,12 +121,10 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
 def mds_readback(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
     """Reads the shard set back with StreamingDataset: sample count, per-shard hashes, and a
     sample of images byte-identical to the pinned Lance version."""
-    rec = context.instance.get_latest_data_version_record(dg.AssetKey("mds_shards"),
-                                                          partition_key=context.partition_key)
-    if rec is None or rec.asset_materialization is None:
+    set_id = latest_data_version(context.instance, "mds_shards", context.partition_key)
+    if not set_id:
         return dg.AssetCheckResult(passed=False, description="mds_shards has no materialization")
     root = storage.root()
-    set_id = rec.asset_materialization.tags["dagster/data_version"]
     manifest = json.loads(root.read_bytes(f"{MDS_DIR}/{context.partition_key}/{set_id}/manifest.json"))
     lab = lance.dataset(manifest["lance_uri"], version=manifest["lance_version"],
                         storage_options=root.storage_options())

@@ -74,6 +74,21 @@ def recorded_fingerprints(instance: dg.DagsterInstance, key: dg.AssetKey) -> dic
         cursor = res.cursor
 
 
+def latest_materialization(instance: dg.DagsterInstance | None, key: dg.AssetKey | str,
+                           partition: str | None) -> dg.AssetMaterialization | None:
+    """The latest materialization of an asset partition (``None`` without one or without an instance)."""
+    if instance is None:
+        return None
+    rec = instance.get_latest_data_version_record(dg.AssetKey.from_coercible(key), partition_key=partition)
+    return rec.asset_materialization if rec is not None else None
+
+
+def latest_data_version(instance: dg.DagsterInstance | None, key: dg.AssetKey | str, partition: str | None) -> str:
+    """The data version of an asset partition's latest materialization ('' without one)."""
+    mat = latest_materialization(instance, key, partition)
+    return mat.tags.get("dagster/data_version", "") if mat is not None else ""
+
+
 def previous_data_version(context: dg.AssetExecutionContext) -> str | None:
     """The data version of this asset partition's latest materialization, if any.
 

@@ -9,7 +9,14 @@ from pydantic import Field
 from prx_assets.core.mixture import MIXTURE_DIR
 from prx_assets.defs.mixture import training_mixture
 from prx_assets.defs.partitions import mixture_partitions
-from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FingerprintContext,
+    digest,
+    latest_data_version,
+    latest_materialization,
+    register_fingerprint,
+)
 from prx_assets.resources.slurm import SlurmResource, job_name_for
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
@@ -39,10 +46,9 @@ class TrainingConfig(dg.Config):
 
 
 def _latest_mixture(instance: dg.DagsterInstance, mixture: str) -> tuple[str, str]:
-    rec = instance.get_latest_data_version_record(training_mixture.key, partition_key=mixture)
-    if rec is None or rec.asset_materialization is None:
+    mat = latest_materialization(instance, training_mixture.key, mixture)
+    if mat is None:
         raise dg.Failure(f"mixture {mixture!r} has no materialization; materialize training_mixture[{mixture}] first")
-    mat = rec.asset_materialization
     version = mat.tags["dagster/data_version"]
     md = mat.metadata.get("spec_uri")
     return version, str(md.value) if md is not None else ""
@@ -50,11 +56,7 @@ def _latest_mixture(instance: dg.DagsterInstance, mixture: str) -> tuple[str, st
 
 def training_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """Code version + the mixture's current data version (a new mixture version means a new run)."""
-    rec = ctx.instance.get_latest_data_version_record(training_mixture.key, partition_key=partition_key) \
-        if ctx.instance else None
-    version = rec.asset_materialization.tags.get("dagster/data_version", "") \
-        if rec and rec.asset_materialization else ""
-    return digest(TRAINING_CODE_VERSION, version)
+    return digest(TRAINING_CODE_VERSION, latest_data_version(ctx.instance, training_mixture.key, partition_key))
 
 
 register_fingerprint("training_run", training_fingerprint)
@@ -125,8 +127,17 @@ def _latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | 
     return recs[0].storage_id if recs else None
 
 
-def _mixtures_using(project: ProjectConfigResource, recipe: str) -> list[str]:
-    return sorted(m.name for m in project.mixtures().values() if any(s.recipe == recipe for s in m.streams))
+def _new_versions(instance: dg.DagsterInstance, key: dg.AssetKey,
+                  after: int | None) -> tuple[list[tuple[str, str]], int | None]:
+    """``(partition, data version)`` of materializations after storage id ``after``, and the new cursor."""
+    res = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, after_storage_id=after),
+                                          limit=200, ascending=True)
+    found = [(r.asset_materialization.partition, r.asset_materialization.tags.get("dagster/data_version", ""))
+             for r in res.records if r.asset_materialization is not None and r.asset_materialization.partition]
+    return found, (res.records[-1].storage_id if res.records else after)
+
+
+WATCHED = {"shards": dg.AssetKey("mds_shards"), "mixture": training_mixture.key}
 
 
 @dg.sensor(
@@ -148,37 +159,24 @@ def training_sensor(context: dg.SensorEvaluationContext, project: ProjectConfigR
       one training run, however often the mixture is re-materialized.
     """
     if not context.cursor:  # first tick: start from now, never launch training for history
-        start = {name: _latest_storage_id(context.instance, key)
-                 for name, key in (("shards", dg.AssetKey("mds_shards")), ("mixture", training_mixture.key))}
+        start = {name: _latest_storage_id(context.instance, key) for name, key in WATCHED.items()}
         return dg.SensorResult(cursor=json.dumps(start), skip_reason=dg.SkipReason(
             f"initialised at storage ids {start}; new shard sets and mixture versions from now on launch runs"))
     cursor = json.loads(context.cursor)
     requests: list[dg.RunRequest] = []
-    shards = context.instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("mds_shards"), after_storage_id=cursor.get("shards")),
-        limit=200, ascending=True)
-    for rec in shards.records:
-        cursor["shards"] = rec.storage_id
-        mat = rec.asset_materialization
-        if mat is None or mat.partition is None:
-            continue
-        set_id = mat.tags.get("dagster/data_version", "")
+    new_sets, cursor["shards"] = _new_versions(context.instance, WATCHED["shards"], cursor.get("shards"))
+    if new_sets:
         known = set(context.instance.get_dynamic_partitions(mixture_partitions.name or "mixtures"))
-        for mixture in _mixtures_using(project, mat.partition):
-            if mixture in known:
-                requests.append(dg.RunRequest(run_key=f"mixture:{mixture}:{set_id}", partition_key=mixture,
-                                              asset_selection=[training_mixture.key],
-                                              tags={"prx/shard_set": set_id}))
-    mixtures = context.instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=training_mixture.key, after_storage_id=cursor.get("mixture")),
-        limit=200, ascending=True)
-    for rec in mixtures.records:
-        cursor["mixture"] = rec.storage_id
-        mat = rec.asset_materialization
-        if mat is None or mat.partition is None:
-            continue
-        version = mat.tags.get("dagster/data_version", "")
-        requests.append(dg.RunRequest(run_key=f"train:{mat.partition}:{version}", partition_key=mat.partition,
+        mixtures = project.mixtures().values()
+        for recipe, set_id in new_sets:
+            for mixture in sorted(m.name for m in mixtures if any(s.recipe == recipe for s in m.streams)):
+                if mixture in known:
+                    requests.append(dg.RunRequest(run_key=f"mixture:{mixture}:{set_id}", partition_key=mixture,
+                                                  asset_selection=[training_mixture.key],
+                                                  tags={"prx/shard_set": set_id}))
+    new_mixtures, cursor["mixture"] = _new_versions(context.instance, WATCHED["mixture"], cursor.get("mixture"))
+    for mixture, version in new_mixtures:
+        requests.append(dg.RunRequest(run_key=f"train:{mixture}:{version}", partition_key=mixture,
                                       asset_selection=[training_run.key],
                                       tags={"prx/mixture_version": version, "prx/stage": "train"}))
     return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor),

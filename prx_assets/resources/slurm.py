@@ -27,7 +27,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -194,13 +194,7 @@ def log_tail(path: str | os.PathLike[str], lines: int = 40) -> str:
         return ""
 
 
-@dataclass
-class _LocalJob:
-    proc: subprocess.Popen[bytes]
-    job_id: str = field(default="")
-
-
-_LOCAL_JOBS: dict[str, _LocalJob] = {}
+_LOCAL_JOBS: dict[str, subprocess.Popen[bytes]] = {}  # local-mode jobs of this process
 # open_pipes_session touches a preview API internally; the file message reader has one writer.
 warnings.filterwarnings("ignore", message=".*expected_writer_count.*", category=dg.PreviewWarning)
 
@@ -278,7 +272,7 @@ class SlurmResource(dg.ConfigurableResource):
                                     start_new_session=True, cwd=script.parent)
             log.close()
             job_id = f"local-{proc.pid}"
-            _LOCAL_JOBS[job_id] = _LocalJob(proc, job_id)
+            _LOCAL_JOBS[job_id] = proc
             return job_id
         out = _run(["sbatch", "--parsable", str(script)])
         if out.returncode != 0:
@@ -292,7 +286,7 @@ class SlurmResource(dg.ConfigurableResource):
     def status(self, job_id: str) -> JobStatus:
         """Current state: ``scontrol show job`` while SLURM remembers the job, then ``sacct``."""
         if job_id.startswith("local-"):
-            proc = _LOCAL_JOBS[job_id].proc
+            proc = _LOCAL_JOBS[job_id]
             rc = proc.poll()
             if rc is None:
                 return JobStatus(job_id, "RUNNING")
@@ -322,7 +316,7 @@ class SlurmResource(dg.ConfigurableResource):
     def cancel(self, job_id: str) -> None:
         """Cancel a job (``scancel``; SIGTERM to the process group in local mode)."""
         if job_id.startswith("local-"):
-            proc = _LOCAL_JOBS[job_id].proc
+            proc = _LOCAL_JOBS[job_id]
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:
