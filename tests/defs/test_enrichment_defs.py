@@ -59,6 +59,8 @@ def test_recaptions_per_captioner_and_embeddings(project: dict) -> None:
             assert res.success
             md = res.asset_materializations_for_node("recaptions")[0].metadata
             assert md["computed"].value == 4 and md["captioner_id"].value == cid
+            assert "data:image/jpeg;base64," in md["contact_sheet"].value  # thumbnails with these captions
+            assert "data:image/png;base64," in md["caption_length_histogram"].value
             versions[cid] = res.asset_materializations_for_node("recaptions")[0].tags["dagster/data_version"]
             (check,) = res.get_asset_check_evaluations()
             assert check.check_name == "caption_quality" and check.metadata["captions"].value == 4

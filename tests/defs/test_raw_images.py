@@ -80,6 +80,10 @@ def test_materialize_partition_metadata_version_and_check(project: dict) -> None
         assert check.passed and check.partition == "photos-00001"
         assert check.metadata["quality"].value == 92
         assert check.metadata["sampled"].value == 4
+        assert "data:image/png;base64," in check.metadata["psnr_curve_chart"].value
+        assert "data:image/jpeg;base64," in md["contact_sheet"].value
+        assert all("data:image/png;base64," in md[k].value
+                   for k in ("aspect_bucket_histogram", "resolution_histogram"))
 
         second = materialize(instance, project["resources"], "photos-00002")
         md2 = second.asset_materializations_for_node("raw_images")[0].metadata
