@@ -16,17 +16,17 @@ from typing import Any
 import torch
 from PIL import Image
 
-from prx_assets.core.batches import discover, load_manifests
-from prx_assets.core.captions import CaptionerSpec, TransformersCaptioner
-from prx_assets.core.config import IngestSettings, SourceConfig
-from prx_assets.core.demo_corpus import generate_demo_corpus
-from prx_assets.core.enrichment import enrich_batch
-from prx_assets.core.ingest import ingest_batch
-from prx_assets.core.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, IMAGES_TABLE
-from prx_assets.core.sources import reader_for
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import table_uri
-from prx_assets.core.tiny_models import build_tiny_qwen3_vl
+from prx_assets.core.config.project import IngestSettings, SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.demo.corpus import generate_demo_corpus
+from prx_assets.core.demo.tiny_models import build_tiny_qwen3_vl
+from prx_assets.core.enrich.enrichment import enrich_batch
+from prx_assets.core.ingest.batches import discover, load_manifests
+from prx_assets.core.ingest.pipeline import ingest_batch
+from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, IMAGES_TABLE
+from prx_assets.core.lab.table import table_uri
+from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner
 
 TOKENS = int(os.environ.get("PRX_BENCH_TOKENS", "24"))
 IMAGES = int(os.environ.get("PRX_BENCH_CAPTION_IMAGES", "48"))

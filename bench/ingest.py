@@ -22,14 +22,14 @@ from typing import Any
 
 from PIL import Image, ImageOps
 
-from prx_assets.core.batches import discover, load_manifests
-from prx_assets.core.config import IngestSettings, SourceConfig
-from prx_assets.core.demo_corpus import generate_demo_corpus
-from prx_assets.core.images import prepare_rgb
-from prx_assets.core.ingest import ingest_batch
-from prx_assets.core.jpeg_quality import run_experiment
-from prx_assets.core.sources import reader_for
-from prx_assets.core.storage import DataRoot
+from prx_assets.core.config.project import IngestSettings, SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.demo.corpus import generate_demo_corpus
+from prx_assets.core.ingest.batches import discover, load_manifests
+from prx_assets.core.ingest.images import prepare_rgb
+from prx_assets.core.ingest.jpeg_quality import run_experiment
+from prx_assets.core.ingest.pipeline import ingest_batch
+from prx_assets.core.ingest.sources import reader_for
 
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
 PHOTOS = int(os.environ.get("PRX_BENCH_PHOTOS", "96"))
@@ -139,7 +139,7 @@ def run() -> dict[str, Any]:
 
 
 def _warm(_: int) -> None:
-    import prx_assets.core.ingest  # noqa: F401  (import cost out of the timed rounds)
+    import prx_assets.core.ingest.pipeline  # noqa: F401  (import cost out of the timed rounds)
 
 
 def format_table(r: dict[str, Any]) -> str:

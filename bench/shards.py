@@ -14,16 +14,16 @@ import lance
 import numpy as np
 from PIL import Image
 
-from prx_assets.core.batches import discover, load_manifests
-from prx_assets.core.config import IngestSettings, SourceConfig
-from prx_assets.core.demo_corpus import generate_demo_corpus
-from prx_assets.core.ingest import ingest_batch
-from prx_assets.core.recipes import Dedup, Recipe
-from prx_assets.core.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
-from prx_assets.core.shards import ShardSettings, open_stream, write_shard_set
-from prx_assets.core.sources import reader_for
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import table_uri
+from prx_assets.core.config.project import IngestSettings, SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import Dedup, Recipe
+from prx_assets.core.demo.corpus import generate_demo_corpus
+from prx_assets.core.ingest.batches import discover, load_manifests
+from prx_assets.core.ingest.pipeline import ingest_batch
+from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
+from prx_assets.core.lab.table import table_uri
+from prx_assets.core.publish.shards import ShardSettings, open_stream, write_shard_set
 
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
 COPIES = int(os.environ.get("PRX_BENCH_COPIES", "4"))

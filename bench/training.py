@@ -47,7 +47,7 @@ def build_text_encoder(path: Path, p: dict[str, Any]) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3Model
 
-    from prx_assets.core.tiny_models import train_tokenizer
+    from prx_assets.core.demo.tiny_models import train_tokenizer
 
     tok = train_tokenizer()
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=p["text_hidden"], intermediate_size=p["text_mlp"],
@@ -65,10 +65,10 @@ def build_shards(out: Path, encoder_path: Path, p: dict[str, Any]) -> dict[str, 
     """An MDS shard set with captions and precomputed latents; returns a one-stream mixture spec."""
     from streaming import MDSWriter
 
-    from prx_assets.core.demo_corpus import make_scene
-    from prx_assets.core.images import aspect_bucket
-    from prx_assets.core.schema import MDS_BASE_COLUMNS
-    from prx_assets.core.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
+    from prx_assets.core.demo.corpus import make_scene
+    from prx_assets.core.ingest.images import aspect_bucket
+    from prx_assets.core.lab.schema import MDS_BASE_COLUMNS
+    from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
 
     rng = np.random.default_rng(0)
     enc = TextEncoder(TextTowerSpec(model=str(encoder_path), name="bench", max_length=p["max_len"]), device="auto")

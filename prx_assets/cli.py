@@ -27,10 +27,12 @@ from typing import Any
 
 import dagster as dg
 
-from prx_assets.core.config import data_root, load_sources
-from prx_assets.core.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TABLE
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import open_table, table_uri
+from prx_assets.core import layout
+from prx_assets.core.config.project import data_root, load_sources
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TABLE
+from prx_assets.core.lab.sql import where_all, where_eq
+from prx_assets.core.lab.table import open_table, table_uri
 from prx_assets.errors import PrxError
 
 
@@ -60,8 +62,8 @@ def _root() -> DataRoot:
 
 
 def _models_config() -> Any:
-    from prx_assets.core.config import config_dir
-    from prx_assets.core.models_config import load_models
+    from prx_assets.core.config.project import config_dir
+    from prx_assets.core.models.config import load_models
 
     path = config_dir() / "models.yaml"
     return load_models(path) if path.is_file() else None
@@ -72,8 +74,8 @@ def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, An
     from prx_assets.defs.partitions import captioner_partitions, raw_batches
 
     new = register_batches(instance, reports, raw_batches.name or "raw_batches")
-    from prx_assets.core.config import config_dir
-    from prx_assets.core.recipes import load_recipes
+    from prx_assets.core.config.project import config_dir
+    from prx_assets.core.curate.recipes import load_recipes
     from prx_assets.defs.partitions import recipe_partitions
 
     wanted: list[tuple[str, list[str]]] = []
@@ -84,7 +86,7 @@ def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, An
         wanted.append((recipe_partitions.name or "recipes",
                        [r.name for r in load_recipes(config_dir() / "recipes.yaml").recipes]))
     if (config_dir() / "mixtures.yaml").is_file():
-        from prx_assets.core.mixture import load_mixtures
+        from prx_assets.core.publish.mixture import load_mixtures
         from prx_assets.defs.partitions import mixture_partitions
 
         wanted.append((mixture_partitions.name or "mixtures", list(load_mixtures(config_dir() / "mixtures.yaml"))))
@@ -99,7 +101,7 @@ def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, An
 
 def cmd_models(args: argparse.Namespace) -> int:
     """Build the tiny offline models referenced by models.yaml."""
-    from prx_assets.core.tiny_models import ensure_tiny_models
+    from prx_assets.core.demo.tiny_models import ensure_tiny_models
 
     models = _models_config()
     if models is None:
@@ -284,10 +286,11 @@ def table_summary(root: DataRoot) -> dict[str, Any]:
         t = captions.to_table(columns=["captioner_id"])
         out["captions"] = {"rows": t.num_rows, "lance_version": captions.version,
                            "by_captioner": dict(sorted(Counter(t.column("captioner_id").to_pylist()).items()))}
-    for rel in sorted({p.split("/")[1] for p in root.list("lance") if p.split("/")[1].startswith("embeddings_")}):
-        ds = open_table(root.join("lance", rel), root.storage_options())
+    names = {layout.table_name(p.split("/")[1]) for p in root.list(layout.LANCE_DIR)}
+    for name in sorted(n for n in names if n and n.startswith("embeddings_")):
+        ds = open_table(table_uri(root, name), root.storage_options())
         if ds is not None:
-            out.setdefault("embeddings", {})[rel.removesuffix(".lance")] = {
+            out.setdefault("embeddings", {})[name] = {
                 "rows": ds.count_rows(), "dim": ds.schema.field("embedding").type.list_size}
     rejects = open_table(table_uri(root, REJECTS_TABLE), root.storage_options())
     if rejects is not None:
@@ -299,7 +302,7 @@ def table_summary(root: DataRoot) -> dict[str, Any]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print sources, batches and materialization status."""
-    from prx_assets.core.batches import load_manifests
+    from prx_assets.core.ingest.batches import load_manifests
 
     instance = _instance()
     root = _root()
@@ -320,13 +323,10 @@ def cmd_rejects(args: argparse.Namespace) -> int:
     if ds is None:
         print("no rejects table yet")
         return 0
-    clauses = []
-    if args.source:
-        clauses.append("source = '{}'".format(args.source.replace("'", "''")))
-    if args.reason:
-        clauses.append("reason = '{}'".format(args.reason.replace("'", "''")))
+    where = where_all(where_eq("source", args.source) if args.source else None,
+                      where_eq("reason", args.reason) if args.reason else None)
     rows = ds.to_table(columns=["source", "batch", "reason", "uri", "message"],
-                       filter=" AND ".join(clauses) or None).to_pylist()
+                       filter=where).to_pylist()
     for r in rows[: args.limit]:
         print(json.dumps(r) if args.json else
               f"{r['reason']:<20} {r['batch']:<18} {r['uri']}\n{'':<20} {r['message']}")
@@ -346,7 +346,7 @@ def _cell(v: Any) -> Any:
 
 def cmd_query(args: argparse.Namespace) -> int:
     """Query the lab and print rows as a table or JSON lines."""
-    from prx_assets.core.query import open_lab, query, versions
+    from prx_assets.core.lab.query import open_lab, query, versions
 
     ds = open_lab(_root(), version=args.version, tag=args.tag)
     if args.versions:
@@ -392,17 +392,17 @@ def _print_training(instance: dg.DagsterInstance) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Generate the demo corpus (if absent) and run the whole graph."""
-    from prx_assets.core.demo_corpus import generate_demo_corpus
+    from prx_assets.core.demo.corpus import generate_demo_corpus
 
     root = _root()
-    marker = "demo/CORPUS.json"
+    marker = layout.DEMO_MARKER
     if args.regenerate or not root.exists(marker):
-        print(f"generating the demo corpus under {root.join('demo')} ...", flush=True)
+        print(f"generating the demo corpus under {root.join(layout.DEMO_DIR)} ...", flush=True)
         summary = generate_demo_corpus(root)
         root.write_bytes(marker, json.dumps(summary.to_dict(), indent=1).encode())
         print(f"  wrote {dict(summary.files)}; {len(summary.broken)} deliberately broken inputs")
     else:
-        print(f"demo corpus already present under {root.join('demo')}")
+        print(f"demo corpus already present under {root.join(layout.DEMO_DIR)}")
     cmd_models(args)
     rc = cmd_run(argparse.Namespace(select=None, dry_run=False, verbose=args.verbose))
     print("\nsummary:")

@@ -2,7 +2,7 @@
 
 Every error carries the offending value and says what to do about it. Code that
 catches one of these never turns it into a placeholder result: bad input is either
-rejected with a recorded reason (see :mod:`prx_assets.core.images`) or the run fails
+rejected with a recorded reason (see :mod:`prx_assets.core.ingest.images`) or the run fails
 with the message.
 """
 

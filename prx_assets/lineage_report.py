@@ -13,9 +13,9 @@ from typing import Any
 
 import dagster as dg
 
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lineage import mixture_lineage, read_json, shard_set_lineage
-from prx_assets.core.shards import MDS_DIR
-from prx_assets.core.storage import DataRoot
 from prx_assets.defs.staleness import latest_materialization as _latest
 from prx_assets.errors import PrxError
 
@@ -43,8 +43,8 @@ def _mat_with_version(instance: dg.DagsterInstance, key: str, partition: str | N
 
 def _enrich_shard_set(instance: dg.DagsterInstance, ss: dict[str, Any]) -> dict[str, Any]:
     """Code versions of the materializations behind a shard set; captioner and source configs."""
-    from prx_assets.core.config import load_sources
-    from prx_assets.core.models_config import load_models
+    from prx_assets.core.config.project import load_sources
+    from prx_assets.core.models.config import load_models
 
     batches = sorted({b for info in ss["sources"].values() for b in info["batches"]})
     versions: dict[str, Any] = {
@@ -75,14 +75,14 @@ def _enrich_shard_set(instance: dg.DagsterInstance, ss: dict[str, Any]) -> dict[
 
 
 def _find_shard_set(instance: dg.DagsterInstance, root: DataRoot, target: str) -> dict[str, Any] | None:
-    if target.endswith("manifest.json") or "/" in target:
-        uri = target if target.endswith("manifest.json") else f"{target.rstrip('/')}/manifest.json"
+    if target.endswith(layout.SHARD_SET_MANIFEST) or "/" in target:
+        uri = layout.manifest_of(target)
         try:
             return read_json(uri, root)
         except (OSError, ValueError):
             return None
     for recipe in instance.get_dynamic_partitions("recipes"):
-        rel = f"{MDS_DIR}/{recipe}/{target}/manifest.json"
+        rel = layout.shard_set_manifest(recipe, target)
         if root.exists(rel):
             return read_json(root.join(rel), root)
     return None
@@ -134,5 +134,5 @@ def lineage_for(instance: dg.DagsterInstance, root: DataRoot, target: str) -> di
     manifest = _find_shard_set(instance, root, target)
     if manifest is None:
         raise LineageError(f"{target!r} is not a training run (run id, training_run[<mixture>], mixture name) nor a "
-                           f"shard set (id, folder or manifest.json under {root.join(MDS_DIR)})")
+                           f"shard set (id, folder or manifest.json under {root.join(layout.MDS_DIR)})")
     return _enrich_shard_set(instance, shard_set_lineage(root, manifest))

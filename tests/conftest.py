@@ -33,7 +33,7 @@ def encode(im: Image.Image, fmt: str, **kw: object) -> bytes:
 
 def photo(w: int = 320, h: int = 240, seed: int = 0) -> Image.Image:
     """A deterministic photo-like RGB image."""
-    from prx_assets.core.demo_corpus import make_scene
+    from prx_assets.core.demo.corpus import make_scene
 
     return make_scene(np.random.default_rng(seed), w, h).image
 
@@ -131,7 +131,7 @@ def write_sources_yaml(config_dir: Path, body: str) -> Path:
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Tiny random Qwen3-VL, SigLIP and Qwen3 text checkpoints, built once per session."""
-    from prx_assets.core.tiny_models import build_tiny_qwen3_text, build_tiny_qwen3_vl, build_tiny_siglip
+    from prx_assets.core.demo.tiny_models import build_tiny_qwen3_text, build_tiny_qwen3_vl, build_tiny_siglip
 
     base = tmp_path_factory.mktemp("models")
     return {

@@ -9,8 +9,8 @@ import dagster as dg
 import pytest
 
 from prx_assets.cli import main
-from prx_assets.core.demo_corpus import generate_demo_corpus
-from prx_assets.core.storage import DataRoot
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.demo.corpus import generate_demo_corpus
 
 REPO = Path(__file__).parents[1]
 
@@ -110,11 +110,11 @@ def test_curated_subsets_are_pinned_tagged_and_reproducible(small_demo: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     import lance
 
-    from prx_assets.core.config import data_root
-    from prx_assets.core.curation import select
-    from prx_assets.core.models_config import load_models
-    from prx_assets.core.recipes import load_recipes
-    from prx_assets.core.subsets import read_subset, subset_id
+    from prx_assets.core.config.project import data_root
+    from prx_assets.core.curate.recipes import load_recipes
+    from prx_assets.core.curate.selection import select
+    from prx_assets.core.curate.subsets import read_subset, subset_id
+    from prx_assets.core.models.config import load_models
 
     assert main(["run"]) == 0
     capsys.readouterr()
@@ -156,8 +156,8 @@ def test_mds_shard_sets_read_back_exactly(small_demo: Path, capsys: pytest.Captu
 
     import lance
 
-    from prx_assets.core.config import data_root
-    from prx_assets.core.shards import open_stream
+    from prx_assets.core.config.project import data_root
+    from prx_assets.core.publish.shards import open_stream
 
     assert main(["run"]) == 0
     out = capsys.readouterr().out

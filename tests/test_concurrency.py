@@ -6,11 +6,11 @@ from typing import Any
 
 import lance
 
-from prx_assets.core.batches import discover, load_manifests
-from prx_assets.core.config import IngestSettings, SourceConfig
-from prx_assets.core.sources import reader_for
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import table_uri
+from prx_assets.core.config.project import IngestSettings, SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import discover, load_manifests
+from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.lab.table import table_uri
 from tests.conftest import write_folder_corpus
 
 
@@ -20,8 +20,8 @@ def _source(folder: str) -> SourceConfig:
 
 
 def _ingest(root: str, folder: str, key: str, barrier: Any, rounds: int) -> None:
-    from prx_assets.core.batches import load_manifest
-    from prx_assets.core.ingest import ingest_batch
+    from prx_assets.core.ingest.batches import load_manifest
+    from prx_assets.core.ingest.pipeline import ingest_batch
 
     r = DataRoot(root)
     cfg = _source(folder)
@@ -31,10 +31,15 @@ def _ingest(root: str, folder: str, key: str, barrier: Any, rounds: int) -> None
 
 
 def _enrich(root: str, kind: str, model: str, barrier: Any) -> None:
-    from prx_assets.core.captions import CaptionerSpec, TransformersCaptioner
-    from prx_assets.core.embeddings import EmbedderSpec, ImageEmbedder
-    from prx_assets.core.enrichment import enrich_batch
-    from prx_assets.core.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
+    from prx_assets.core.enrich.enrichment import enrich_batch
+    from prx_assets.core.lab.schema import (
+        CAPTIONS_SCHEMA,
+        CAPTIONS_TABLE,
+        embeddings_schema,
+        embeddings_table,
+    )
+    from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner
+    from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
 
     r = DataRoot(root)
     if kind == "captions":
@@ -80,7 +85,7 @@ def test_two_partitions_ingested_at_once_both_land(tmp_path: Path) -> None:
 
 
 def test_recaptions_and_embeddings_at_once_both_land(tmp_path: Path, tiny_models: dict[str, str]) -> None:
-    from prx_assets.core.ingest import ingest_batch
+    from prx_assets.core.ingest.pipeline import ingest_batch
 
     folder = tmp_path / "photos"
     write_folder_corpus(folder, n=8, broken=False)

@@ -9,10 +9,10 @@ import dagster as dg
 import pytest
 
 from prx_assets.cli import main
-from prx_assets.core.config import data_root
-from prx_assets.core.demo_corpus import generate_demo_corpus
-from prx_assets.core.mixture import load_mixtures, streaming_kwargs
-from prx_assets.core.storage import DataRoot
+from prx_assets.core.config.project import data_root
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.demo.corpus import generate_demo_corpus
+from prx_assets.core.publish.mixture import load_mixtures, streaming_kwargs
 from prx_assets.errors import ConfigError
 
 REPO = Path(__file__).parents[1]
@@ -68,7 +68,7 @@ def test_mixture_epoch_composition_matches_proportions(project: Path, capsys: py
 
 def test_shard_publish_is_atomic_and_a_rerun_succeeds(project: Path, capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import prx_assets.core.shards as shards
+    import prx_assets.core.publish.shards as shards
 
     real = shards._write_part
     calls = {"n": 0}

@@ -17,8 +17,8 @@ import dagster as dg
 import pytest
 
 from prx_assets.cli import main
-from prx_assets.core.demo_corpus import generate_demo_corpus
-from prx_assets.core.storage import DataRoot
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.demo.corpus import generate_demo_corpus
 
 from .conftest import dagster_dev, graphql, wait_for
 

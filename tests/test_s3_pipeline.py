@@ -8,8 +8,8 @@ import boto3
 import pytest
 
 from prx_assets.cli import main
-from prx_assets.core.demo_corpus import generate_demo_corpus
-from prx_assets.core.storage import DataRoot
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.demo.corpus import generate_demo_corpus
 
 REPO = Path(__file__).parents[1]
 
@@ -45,8 +45,8 @@ def test_demo_pipeline_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]
     # Maintenance on the object store keeps the published version readable.
     from datetime import timedelta
 
-    from prx_assets.core.maintenance import maintain
-    from prx_assets.core.query import open_lab
+    from prx_assets.core.lab.maintenance import maintain
+    from prx_assets.core.lab.query import open_lab
 
     published = open_lab(DataRoot(root), tag="published").version
     reports = {r.table: r for r in maintain(DataRoot(root), older_than=timedelta(seconds=0))}

@@ -15,12 +15,13 @@ import json
 from collections import Counter
 from typing import Any
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prx_assets.core.storage import DataRoot
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.sql import open_pinned
 
 
 def read_uri(uri: str, root: DataRoot) -> bytes:
@@ -37,7 +38,7 @@ def read_json(uri: str, root: DataRoot) -> dict[str, Any]:
 def sources_of_subset(root: DataRoot, subset: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per source: images in the subset and the ingest batches they came from (at the pinned version)."""
     ids = pq.read_table(io.BytesIO(read_uri(subset["ids"], root))).column("image_id")
-    ds = lance.dataset(subset["lance_uri"], version=subset["lance_version"], storage_options=root.storage_options())
+    ds = open_pinned(subset, root.storage_options())
     t = ds.to_table(columns=["image_id", "source", "batch", "uri"])
     t = t.filter(pc.is_in(t.column("image_id"), value_set=pa.array(ids.to_pylist(), pa.string())))
     out: dict[str, dict[str, Any]] = {}
@@ -56,9 +57,7 @@ def sources_of_subset(root: DataRoot, subset: dict[str, Any]) -> dict[str, dict[
 
 def shard_set_lineage(root: DataRoot, manifest: dict[str, Any]) -> dict[str, Any]:
     """A shard set's chain: subset, Lance version, captioners, sources and batches."""
-    from prx_assets.core.subsets import CURATED_DIR
-
-    subset = json.loads(root.read_bytes(f"{CURATED_DIR}/{manifest['recipe']}/{manifest['subset_id']}/subset.json"))
+    subset = json.loads(root.read_bytes(layout.subset_manifest(manifest["recipe"], manifest["subset_id"])))
     return {
         "shard_set_id": manifest["shard_set_id"], "uri": manifest["uri"], "samples": manifest["samples"],
         "shards": manifest["shards"], "code_version": manifest.get("code_version"),
@@ -78,7 +77,7 @@ def mixture_lineage(root: DataRoot, spec: dict[str, Any]) -> dict[str, Any]:
     """A mixture spec's chain: each stream's weighting and shard-set lineage."""
     streams = []
     for s in spec["streams"]:
-        manifest = read_json(f"{s['uri'].rstrip('/')}/manifest.json", root)
+        manifest = read_json(layout.manifest_of(s["uri"]), root)
         weighting = {k: s[k] for k in ("proportion", "repeat", "choose") if s.get(k) is not None}
         streams.append({"recipe": s["recipe"], "weighting": weighting,
                         "expected_per_epoch": spec["expected_samples_per_stream"].get(s["recipe"]),

@@ -3,11 +3,11 @@
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.curation import select
-from prx_assets.core.lab import PUBLISHED_TAG, embedding_column
-from prx_assets.core.query import open_lab
-from prx_assets.core.recipes import load_recipes
-from prx_assets.core.subsets import write_subset
+from prx_assets.core.curate.recipes import load_recipes
+from prx_assets.core.curate.selection import select
+from prx_assets.core.curate.subsets import write_subset
+from prx_assets.core.lab.query import open_lab
+from prx_assets.core.lab.sync import PUBLISHED_TAG, embedding_column
 from prx_assets.defs.lab import lance_table
 from prx_assets.defs.partitions import recipe_partitions
 from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
@@ -19,7 +19,7 @@ CURATION_CODE_VERSION = "curation-1"
 
 def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """Code version + recipe hash + the published lab version."""
-    from prx_assets.core.config import config_dir
+    from prx_assets.core.config.project import config_dir
 
     recipe = load_recipes(config_dir() / "recipes.yaml").get(partition_key or "")
     try:

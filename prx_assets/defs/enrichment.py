@@ -6,10 +6,11 @@ from typing import Any
 
 import dagster as dg
 
-from prx_assets.core.caption_quality import assess
-from prx_assets.core.enrichment import EnrichResult, enrich_batch
-from prx_assets.core.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
-from prx_assets.core.table import open_table, table_uri
+from prx_assets.core.enrich.caption_quality import assess
+from prx_assets.core.enrich.enrichment import EnrichResult, enrich_batch
+from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
+from prx_assets.core.lab.sql import where_all, where_eq
+from prx_assets.core.lab.table import open_table, table_uri
 from prx_assets.defs.ingest import raw_images
 from prx_assets.defs.partitions import captioner_partitions, raw_batches, recaption_partitions
 from prx_assets.defs.remote import StageResources, register_stage, run_stage
@@ -181,7 +182,7 @@ def caption_quality(context: dg.AssetCheckExecutionContext, storage: StorageReso
     ds = open_table(table_uri(root, CAPTIONS_TABLE), root.storage_options())
     rows = [] if ds is None else ds.to_table(
         columns=["caption", "hit_max_tokens"],
-        filter=f"batch = '{batch}' AND captioner_id = '{captioner_id}'").to_pylist()
+        filter=where_all(where_eq("batch", batch), where_eq("captioner_id", captioner_id))).to_pylist()
     rep = assess([(r["caption"], r["hit_max_tokens"]) for r in rows], min_words=captioner.min_words)
     md = rep.to_metadata()
     hist = "\n".join(["| words | captions |", "|---|---|"] +

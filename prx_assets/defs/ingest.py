@@ -9,15 +9,16 @@ from typing import Any
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from prx_assets.core.batches import discover, load_manifest, parse_batch_key
-from prx_assets.core.config import SourcesConfig
-from prx_assets.core.images import prepare_rgb
-from prx_assets.core.ingest import IngestResult, ingest_batch
-from prx_assets.core.jpeg_quality import pick_sample, run_experiment
-from prx_assets.core.schema import IMAGES_TABLE
-from prx_assets.core.sources import reader_for
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import open_table, table_uri
+from prx_assets.core.config.project import SourcesConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import discover, load_manifest, parse_batch_key
+from prx_assets.core.ingest.images import prepare_rgb
+from prx_assets.core.ingest.jpeg_quality import pick_sample, run_experiment
+from prx_assets.core.ingest.pipeline import IngestResult, ingest_batch
+from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.lab.schema import IMAGES_TABLE
+from prx_assets.core.lab.sql import where_eq
+from prx_assets.core.lab.table import open_table, table_uri
 from prx_assets.defs.partitions import (
     captioner_partitions,
     mixture_partitions,
@@ -168,7 +169,7 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
     ds = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
     rows = [] if ds is None else ds.to_table(
         columns=["image_id", "uri", "width", "height"],
-        filter=f"batch = '{key}'").to_pylist()
+        filter=where_eq("batch", key)).to_pylist()
     if not rows:
         return dg.AssetCheckResult(passed=True, metadata={"sampled": 0, "note": "no images in partition"})
     reader = reader_for(cfg, s3_client=s3.get_client)

@@ -5,10 +5,10 @@ from datetime import timedelta
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.lab import PUBLISHED_TAG, sync_lab
-from prx_assets.core.maintenance import maintain
-from prx_assets.core.schema import IMAGES_TABLE
-from prx_assets.core.table import table_uri
+from prx_assets.core.lab.maintenance import maintain
+from prx_assets.core.lab.schema import IMAGES_TABLE
+from prx_assets.core.lab.sync import PUBLISHED_TAG, sync_lab
+from prx_assets.core.lab.table import table_uri
 from prx_assets.defs.enrichment import image_embeddings, recaptions
 from prx_assets.defs.ingest import raw_images
 from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint

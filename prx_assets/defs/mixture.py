@@ -4,8 +4,8 @@ import json
 
 import dagster as dg
 
-from prx_assets.core.mixture import MIXTURE_DIR, load_mixtures, resolve
-from prx_assets.core.shards import MDS_DIR
+from prx_assets.core import layout
+from prx_assets.core.publish.mixture import load_mixtures, resolve
 from prx_assets.defs.partitions import mixture_partitions
 from prx_assets.defs.shards import mds_shards
 from prx_assets.defs.staleness import (
@@ -29,7 +29,7 @@ def _current_shard_set(instance: dg.DagsterInstance, recipe: str) -> str:
 
 def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """Code version + the mixture's streams + their current shard set ids."""
-    from prx_assets.core.config import config_dir
+    from prx_assets.core.config.project import config_dir
 
     mix = load_mixtures(config_dir() / "mixtures.yaml")[partition_key or ""]
     ids = [latest_data_version(ctx.instance, "mds_shards", s.recipe) for s in mix.streams]
@@ -65,10 +65,10 @@ def training_mixture(context: dg.AssetExecutionContext, storage: StorageResource
 
     def manifest(recipe: str) -> dict:
         set_id = _current_shard_set(context.instance, recipe)
-        return json.loads(root.read_bytes(f"{MDS_DIR}/{recipe}/{set_id}/manifest.json"))
+        return json.loads(root.read_bytes(layout.shard_set_manifest(recipe, set_id)))
 
     spec = resolve(mix, manifest)
-    rel = f"{MIXTURE_DIR}/{mix.name}/{spec['mixture_version']}.json"
+    rel = layout.mixture_spec(mix.name, spec["mixture_version"])
     root.write_bytes(rel, json.dumps(spec, indent=1, sort_keys=True).encode())
     table = "\n".join(["| stream | shard set | samples | weighting | expected per epoch |", "|---|---|---|---|---|"] +
                       [f"| {s['recipe']} | {s['shard_set_id']} | {s['samples']} | {_weighting(s)} | "

@@ -3,17 +3,17 @@
 import json
 
 import dagster as dg
-import lance
 from pydantic import Field
 
-from prx_assets.core.shards import (
-    MDS_DIR,
+from prx_assets.core import layout
+from prx_assets.core.curate.subsets import read_subset
+from prx_assets.core.lab.sql import open_pinned
+from prx_assets.core.publish.shards import (
     SHARDS_CODE_VERSION,
     ShardSettings,
     verify_shard_set,
     write_shard_set,
 )
-from prx_assets.core.subsets import read_subset
 from prx_assets.defs.curation import curated_subsets
 from prx_assets.defs.partitions import recipe_partitions
 from prx_assets.defs.staleness import (
@@ -81,8 +81,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     root = storage.root()
     sid = _subset_of(context)
     subset_manifest, ids = read_subset(root, recipe.name, sid)
-    lab = lance.dataset(subset_manifest["lance_uri"], version=subset_manifest["lance_version"],
-                        storage_options=root.storage_options())
+    lab = open_pinned(subset_manifest, root.storage_options())
     models = project.models()
     if config.precomputed_latents and models.text_encoder is None:
         raise dg.Failure(f"precomputed_latents needs a text_encoder in {models.path}; add "
@@ -103,7 +102,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
             "dagster/row_count": dg.MetadataValue.int(manifest["samples"]),
             "shard_set_id": version,
             "uri": dg.MetadataValue.path(manifest["uri"]),
-            "manifest": dg.MetadataValue.path(f"{manifest['uri']}/manifest.json"),
+            "manifest": dg.MetadataValue.path(layout.manifest_of(manifest["uri"])),
             "shards": manifest["shards"],
             "bytes": manifest["bytes"],
             "lance_version": manifest["lance_version"],
@@ -125,9 +124,8 @@ def mds_readback(context: dg.AssetCheckExecutionContext, storage: StorageResourc
     if not set_id:
         return dg.AssetCheckResult(passed=False, description="mds_shards has no materialization")
     root = storage.root()
-    manifest = json.loads(root.read_bytes(f"{MDS_DIR}/{context.partition_key}/{set_id}/manifest.json"))
-    lab = lance.dataset(manifest["lance_uri"], version=manifest["lance_version"],
-                        storage_options=root.storage_options())
+    manifest = json.loads(root.read_bytes(layout.shard_set_manifest(context.partition_key, set_id)))
+    lab = open_pinned(manifest, root.storage_options())
     v = verify_shard_set(manifest, lab)
     return dg.AssetCheckResult(
         passed=v.passed,

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from prx_assets.core.config import SourcesConfig
-from prx_assets.core.models_config import ModelsConfig
-from prx_assets.core.storage import DataRoot
+from prx_assets.core.config.project import SourcesConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.models.config import ModelsConfig
 
 FINGERPRINT_KEY = "prx/fingerprint"
 #: In a run over several partitions (a batched backfill): JSON {partition key: fingerprint}.

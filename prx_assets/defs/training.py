@@ -6,7 +6,7 @@ import shlex
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.mixture import MIXTURE_DIR
+from prx_assets.core import layout
 from prx_assets.defs.mixture import training_mixture
 from prx_assets.defs.partitions import mixture_partitions
 from prx_assets.defs.staleness import (
@@ -87,12 +87,12 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
     version, spec_uri = _latest_mixture(context.instance, mixture)
     root = storage.root()
     if not spec_uri:
-        spec_uri = root.join(MIXTURE_DIR, mixture, f"{version}.json")
+        spec_uri = root.join(layout.mixture_spec(mixture, version))
     models = project.models()
     tower = models.text_encoder
     if tower is None:
         raise dg.Failure(f"no text_encoder in {models.path}; add text_encoder: {{model: Qwen/Qwen3-VL-2B-Instruct}}")
-    base = config.checkpoint_root or (root.join("training") if not root.remote else
+    base = config.checkpoint_root or (root.join(layout.TRAINING_DIR) if not root.remote else
                                       str(slurm.jobs_dir() / "checkpoints"))
     ckpt_dir = f"{base.rstrip('/')}/{mixture}/{version}/{context.run.run_id[:8]}"
     args = ["--spec", spec_uri, "--steps", str(config.steps), "--batch-size", str(config.batch_size),

@@ -11,16 +11,13 @@ from typing import Any
 import dagster as dg
 import lance
 
-from prx_assets.core.schema import CAPTIONS_TABLE, IMAGES_TABLE
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import open_table, table_uri
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE
+from prx_assets.core.lab.sql import literal, where_in
+from prx_assets.core.lab.table import open_table, table_uri
 from prx_assets.core.visuals import bar_chart, contact_sheet, line_chart, md_image
 
 SHEET_SIZE = 12
-
-
-def _q(v: str) -> str:
-    return "'" + v.replace("'", "''") + "'"
 
 
 def _safe(fn: Any, *args: Any, **kwargs: Any) -> dg.MetadataValue:
@@ -66,9 +63,9 @@ def batch_pictures(root: DataRoot, batch: str, rejects: Mapping[str, int]) -> di
         ds = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
         if ds is None:
             return {}
-        meta = ds.to_table(columns=["width", "height", "aspect_bucket"], filter=f"batch = {_q(batch)}")
+        meta = ds.to_table(columns=["width", "height", "aspect_bucket"], filter=f"batch = {literal(batch)}")
         sample = ds.to_table(columns=["image_id", "jpeg", "width", "height", "original_caption"],
-                             filter=f"batch = {_q(batch)}", limit=SHEET_SIZE).to_pylist()
+                             filter=f"batch = {literal(batch)}", limit=SHEET_SIZE).to_pylist()
         sizes = list(zip(meta.column("width").to_pylist(), meta.column("height").to_pylist(), strict=True))
         out = {
             "contact_sheet": _sheet(sample, "original_caption", f"{batch}: {len(sample)} of {meta.num_rows} images"),
@@ -94,11 +91,11 @@ def caption_pictures(root: DataRoot, batch: str, captioner_id: str) -> dict[str,
         if caps is None or images is None:
             return {}
         rows = caps.to_table(columns=["image_id", "caption"],
-                             filter=f"batch = {_q(batch)} AND captioner_id = {_q(captioner_id)}").to_pylist()
+                             filter=f"batch = {literal(batch)} AND captioner_id = {literal(captioner_id)}").to_pylist()
         words = Counter(_length_bin(len(r["caption"].split())) for r in rows)
         first = {r["image_id"]: r["caption"] for r in rows[:SHEET_SIZE]}
         sample = images.to_table(columns=["image_id", "jpeg", "width", "height"],
-                                 filter=f"image_id IN ({', '.join(_q(i) for i in first) or _q('')})").to_pylist()
+                                 filter=where_in("image_id", list(first))).to_pylist()
         for r in sample:
             r["caption"] = first[r["image_id"]]
         return {"contact_sheet": _sheet(sample, "caption", f"{captioner_id} on {batch}"),
@@ -124,7 +121,7 @@ def subset_pictures(lab: lance.LanceDataset, ids: Sequence[str], caption_column:
     try:
         pick = list(ids[:: max(1, len(ids) // SHEET_SIZE)])[:SHEET_SIZE]
         cols = ["image_id", "jpeg", "width", "height"] + ([caption_column] if caption_column else [])
-        sample = lab.to_table(columns=cols, filter=f"image_id IN ({', '.join(_q(i) for i in pick) or _q('')})"
+        sample = lab.to_table(columns=cols, filter=where_in("image_id", pick)
                               ).to_pylist()
         return {"contact_sheet": _sheet(sample, caption_column or "", f"{len(sample)} of {len(ids)} selected images"),
                 "aspect_bucket_histogram": chart(dict(sorted(buckets.items())), "selected images per aspect bucket"),

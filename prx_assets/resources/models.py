@@ -12,8 +12,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.captions import Captioner, CaptionerSpec, load_captioner
-from prx_assets.core.embeddings import EmbedderSpec, ImageEmbedder
+from prx_assets.core.models.captions import Captioner, CaptionerSpec, load_captioner
+from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
 
 _CACHE: dict[tuple[Any, ...], Any] = {}
 _LOCK = threading.Lock()

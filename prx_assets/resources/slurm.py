@@ -34,7 +34,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.config import data_root
+from prx_assets.core import layout
+from prx_assets.core.config.project import data_root
 from prx_assets.errors import PrxError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -231,7 +232,7 @@ class SlurmResource(dg.ConfigurableResource):
         chosen = self.shared_dir or os.environ.get("PRX_SLURM_SHARED_DIR")
         if not chosen:
             root = data_root()
-            chosen = os.path.join(root, "slurm") if "://" not in root else ".slurm_jobs"
+            chosen = os.path.join(root, layout.SLURM_DIR) if "://" not in root else ".slurm_jobs"
         path = Path(chosen).absolute()
         path.mkdir(parents=True, exist_ok=True)
         return path

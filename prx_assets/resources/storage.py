@@ -4,11 +4,11 @@
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.config import SourcesConfig, config_dir, data_root, load_sources
-from prx_assets.core.mixture import Mixture, load_mixtures
-from prx_assets.core.models_config import ModelsConfig, load_models
-from prx_assets.core.recipes import RecipesConfig, load_recipes
-from prx_assets.core.storage import DataRoot, ObjectStoreSettings
+from prx_assets.core.config.project import SourcesConfig, config_dir, data_root, load_sources
+from prx_assets.core.config.storage import DataRoot, ObjectStoreSettings
+from prx_assets.core.curate.recipes import RecipesConfig, load_recipes
+from prx_assets.core.models.config import ModelsConfig, load_models
+from prx_assets.core.publish.mixture import Mixture, load_mixtures
 
 
 class StorageResource(dg.ConfigurableResource):

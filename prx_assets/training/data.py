@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 from streaming import StreamingDataset
 
-from prx_assets.core.text_encoder import latent_column, mask_column
+from prx_assets.core.models.text_encoder import latent_column, mask_column
 
 
 def bucket_size(bucket: str, resolution: int, multiple: int) -> tuple[int, int]:
@@ -129,7 +129,7 @@ def build_dataset(spec: dict[str, Any], *, batch_size: int, resolution: int, mul
     """
     from streaming.base.util import clean_stale_shared_memory
 
-    from prx_assets.core.mixture import streaming_kwargs
+    from prx_assets.core.publish.mixture import streaming_kwargs
 
     if os.environ.get("AWS_ENDPOINT_URL"):
         os.environ.setdefault("S3_ENDPOINT_URL", os.environ["AWS_ENDPOINT_URL"])

@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def read_spec(uri: str) -> dict[str, Any]:
     """The mixture spec from a local path or ``s3://``."""
     if uri.startswith("s3://"):
-        from prx_assets.core.storage import DataRoot
+        from prx_assets.core.config.storage import DataRoot
 
         root, _, name = uri.rpartition("/")
         return json.loads(DataRoot(root).read_bytes(name))
@@ -123,7 +123,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from prx_assets.core.text_encoder import TextEncoder, TextTowerSpec
+    from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec
     from prx_assets.training.data import bucketed_batches, build_dataset
     from prx_assets.training.model import FlowTransformer, ModelConfig, flow_matching_loss
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from prx_assets.core.batches import (
+from prx_assets.core.config.project import SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import (
     BatchManifest,
     batch_key,
     discover,
@@ -16,9 +18,7 @@ from prx_assets.core.batches import (
     manifest_path,
     parse_batch_key,
 )
-from prx_assets.core.config import SourceConfig
-from prx_assets.core.sources import Unit, reader_for
-from prx_assets.core.storage import DataRoot
+from prx_assets.core.ingest.sources import Unit, reader_for
 from prx_assets.errors import PartitionKeyError
 from tests.conftest import write_folder_corpus
 

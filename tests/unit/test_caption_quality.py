@@ -2,7 +2,7 @@
 
 import pytest
 
-from prx_assets.core.caption_quality import assess, flags_for, is_degenerate
+from prx_assets.core.enrich.caption_quality import assess, flags_for, is_degenerate
 
 GOOD = "A red bicycle leaning against a brick wall under warm evening light, with ivy on the left."
 

@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prx_assets.core.captions import CaptionerSpec, ModelLoadError, TransformersCaptioner, load_captioner
-from prx_assets.core.embeddings import EmbedderSpec, ImageEmbedder
+from prx_assets.core.models.captions import (
+    CaptionerSpec,
+    ModelLoadError,
+    TransformersCaptioner,
+    load_captioner,
+)
+from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
 from tests.conftest import photo
 
 

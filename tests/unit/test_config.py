@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from prx_assets.core.config import load_sources
-from prx_assets.core.sources import reader_for
+from prx_assets.core.config.project import load_sources
+from prx_assets.core.ingest.sources import reader_for
 from prx_assets.errors import ConfigError
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prx_assets.core.curation import CurationError, near_duplicates_phash, select
-from prx_assets.core.lab import embedding_column, sync_lab
-from prx_assets.core.recipes import Dedup, Recipe, load_recipes
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import table_uri
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import Dedup, Recipe, load_recipes
+from prx_assets.core.curate.selection import CurationError, near_duplicates_phash, select
+from prx_assets.core.lab.sync import embedding_column, sync_lab
+from prx_assets.core.lab.table import table_uri
 from prx_assets.errors import ConfigError
 from tests.unit.test_lab import DIM, add_captions, add_embeddings, build
 
@@ -145,8 +145,8 @@ def test_errors_name_the_column_and_the_captioner(lab, tmp_path: Path) -> None:
 
 
 def test_shard_set_with_one_sub_stream_per_bucket(lab) -> None:
-    from prx_assets.core.shards import ShardSettings, open_stream, write_shard_set
-    from prx_assets.core.subsets import read_subset, write_subset
+    from prx_assets.core.curate.subsets import read_subset, write_subset
+    from prx_assets.core.publish.shards import ShardSettings, open_stream, write_shard_set
 
     root, _ = lab
     ds = lance.dataset(table_uri(root, "images"))

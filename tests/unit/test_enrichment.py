@@ -7,16 +7,16 @@ import lance
 import numpy as np
 import pytest
 
-from prx_assets.core.batches import discover, load_manifest
-from prx_assets.core.captions import CaptionerSpec, TransformersCaptioner
-from prx_assets.core.config import IngestSettings, SourceConfig
-from prx_assets.core.embeddings import EmbedderSpec, ImageEmbedder
-from prx_assets.core.enrichment import enrich_batch
-from prx_assets.core.ingest import ingest_batch
-from prx_assets.core.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
-from prx_assets.core.sources import reader_for
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import table_uri
+from prx_assets.core.config.project import IngestSettings, SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.enrich.enrichment import enrich_batch
+from prx_assets.core.ingest.batches import discover, load_manifest
+from prx_assets.core.ingest.pipeline import ingest_batch
+from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
+from prx_assets.core.lab.table import table_uri
+from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner
+from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
 from tests.conftest import write_folder_corpus
 
 

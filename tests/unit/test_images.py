@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prx_assets.core.config import IngestSettings
-from prx_assets.core.demo_corpus import exif_rotated_jpeg, pixel_bomb_png
-from prx_assets.core.images import (
+from prx_assets.core.config.project import IngestSettings
+from prx_assets.core.demo.corpus import exif_rotated_jpeg, pixel_bomb_png
+from prx_assets.core.ingest.images import (
     ImageRejected,
     RejectReason,
     aspect_bucket,

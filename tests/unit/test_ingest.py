@@ -6,13 +6,13 @@ from pathlib import Path
 import lance
 from PIL import Image
 
-from prx_assets.core.batches import discover, load_manifest
-from prx_assets.core.config import IngestSettings, SourceConfig
-from prx_assets.core.ingest import ingest_batch
-from prx_assets.core.schema import IMAGES_SCHEMA
-from prx_assets.core.sources import reader_for
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import open_table
+from prx_assets.core.config.project import IngestSettings, SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import discover, load_manifest
+from prx_assets.core.ingest.pipeline import ingest_batch
+from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.lab.schema import IMAGES_SCHEMA
+from prx_assets.core.lab.table import open_table
 from tests.conftest import write_folder_corpus
 
 

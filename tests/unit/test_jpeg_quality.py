@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prx_assets.core.config import IngestSettings
-from prx_assets.core.jpeg_quality import cycle_curve, pick_sample, psnr, run_experiment
+from prx_assets.core.config.project import IngestSettings
+from prx_assets.core.ingest.jpeg_quality import cycle_curve, pick_sample, psnr, run_experiment
 from tests.conftest import photo
 
 S = IngestSettings()

@@ -9,16 +9,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from prx_assets.core.batches import discover, load_manifests
-from prx_assets.core.config import IngestSettings, SourceConfig
-from prx_assets.core.ingest import ingest_batch
-from prx_assets.core.lab import PUBLISHED_TAG, caption_column, embedding_column, sync_lab
-from prx_assets.core.maintenance import maintain
-from prx_assets.core.query import QueryError, open_lab, query
-from prx_assets.core.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
-from prx_assets.core.sources import reader_for
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import open_or_create, table_uri
+from prx_assets.core.config.project import IngestSettings, SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import discover, load_manifests
+from prx_assets.core.ingest.pipeline import ingest_batch
+from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.lab.maintenance import maintain
+from prx_assets.core.lab.query import QueryError, open_lab, query
+from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
+from prx_assets.core.lab.sync import PUBLISHED_TAG, caption_column, embedding_column, sync_lab
+from prx_assets.core.lab.table import open_or_create, table_uri
 from tests.conftest import write_folder_corpus
 
 DIM = 16

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prx_assets.core.config import SourceConfig
-from prx_assets.core.sources import reader_for
+from prx_assets.core.config.project import SourceConfig
+from prx_assets.core.ingest.sources import reader_for
 from prx_assets.errors import ConfigError
 from tests.conftest import encode, photo, write_folder_corpus
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from prx_assets.core.table import open_or_create
+from prx_assets.core.lab.table import open_or_create
 
 SCHEMA = pa.schema([pa.field("a", pa.int32())])
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageFilter
 
-from prx_assets.core.storage import DataRoot
+from prx_assets.core.config.storage import DataRoot
 
 COLORS = {
     "red": (200, 40, 40), "orange": (230, 130, 30), "yellow": (230, 210, 60),

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prx_assets.core.config import config_dir, expand_env, read_yaml
+from prx_assets.core.config.project import config_dir, expand_env, read_yaml
 from prx_assets.errors import ConfigError
 
 RECIPE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -181,7 +181,7 @@ def load_recipes(path: str | os.PathLike[str] | None = None) -> RecipesConfig:
     """Parse and validate ``recipes.yaml`` (default ``$PRX_CONFIG_DIR/recipes.yaml``).
 
     Column names and captioner ids are checked against the lab when a recipe runs
-    (:func:`prx_assets.core.curation.select`), where the table is known.
+    (:func:`prx_assets.core.curate.selection.select`), where the table is known.
     """
     cfg = Path(path) if path is not None else config_dir() / "recipes.yaml"
     spath = str(cfg)

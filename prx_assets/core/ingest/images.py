@@ -31,7 +31,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 
-from prx_assets.core.config import IngestSettings, bucket_ratios
+from prx_assets.core.config.project import IngestSettings, bucket_ratios
 from prx_assets.errors import PrxError
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import open_table
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.table import open_table
 
 
 @dataclass
@@ -37,15 +38,15 @@ class MaintenanceReport:
 
 def lance_tables(root: DataRoot) -> list[str]:
     """Names of the Lance tables under the data root."""
-    names = {p.split("/")[1] for p in root.list("lance") if p.count("/") >= 2}
-    return sorted(n.removesuffix(".lance") for n in names if n.endswith(".lance"))
+    names = {layout.table_name(p.split("/")[1]) for p in root.list(layout.LANCE_DIR) if p.count("/") >= 2}
+    return sorted(n for n in names if n)
 
 
 def maintain_table(root: DataRoot, name: str, target_rows_per_fragment: int = 1024 * 1024,
                    older_than: timedelta = timedelta(days=7)) -> MaintenanceReport | None:
     """Compact, optimize indexes and clean up one table."""
     opts = root.storage_options()
-    ds = open_table(root.join("lance", f"{name}.lance"), opts)
+    ds = open_table(root.join(layout.table(name)), opts)
     if ds is None:
         return None
     rep = MaintenanceReport(table=name, fragments_before=len(ds.get_fragments()), fragments_after=0,

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 from PIL import Image
 
-from prx_assets.core.schema import IMAGES_TABLE
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import open_or_create, open_table, table_uri
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.schema import IMAGES_TABLE
+from prx_assets.core.lab.sql import chunks, where_all, where_eq, where_in
+from prx_assets.core.lab.table import open_or_create, open_table, table_uri
 
 Compute = Callable[[Sequence[Image.Image]], list[dict[str, Any]]]
 
@@ -48,19 +49,6 @@ class EnrichResult:
                                                "reused", "written", "version", "seconds")}
 
 
-def _quote(v: str) -> str:
-    return "'" + v.replace("'", "''") + "'"
-
-
-def _in_list(col: str, values: Sequence[str]) -> str:
-    return f"{col} IN ({', '.join(_quote(v) for v in values)})"
-
-
-def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(seq), n):
-        yield seq[i:i + n]
-
-
 def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schema, key_col: str,
                  key: str, payload_cols: Sequence[str], compute_factory: Callable[[], Compute],
                  chunk: int = 64, commit_every: int = 512,
@@ -84,14 +72,14 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
     if images is None:
         result.seconds = time.perf_counter() - started
         return result
-    rows = images.to_table(columns=["image_id", "sha256"], filter=f"batch = {_quote(batch)}").to_pylist()
+    rows = images.to_table(columns=["image_id", "sha256"], filter=where_eq("batch", batch)).to_pylist()
     result.images = len(rows)
     out_uri = table_uri(root, out_name)
     out = open_table(out_uri, opts)
     done: set[tuple[str, str]] = set()
     if out is not None:
         have = out.to_table(columns=["image_id", "sha256"],
-                            filter=f"{key_col} = {_quote(key)} AND batch = {_quote(batch)}")
+                            filter=where_all(where_eq(key_col, key), where_eq("batch", batch)))
         done = set(zip(have.column("image_id").to_pylist(), have.column("sha256").to_pylist(),
                        strict=True))
     missing = [r for r in rows if (r["image_id"], r["sha256"]) not in done]
@@ -104,9 +92,9 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
     by_sha: dict[str, dict[str, Any]] = {}
     if out is not None:  # reuse outputs already computed for the same content
         shas = sorted({r["sha256"] for r in missing})
-        for part in _chunks(shas, 500):
+        for part in chunks(shas, 500):
             t = out.to_table(columns=["sha256", *payload_cols],
-                             filter=f"{key_col} = {_quote(key)} AND {_in_list('sha256', part)}")
+                             filter=where_all(where_eq(key_col, key), where_in("sha256", part)))
             for rec in t.to_pylist():
                 by_sha.setdefault(rec.pop("sha256"), rec)
     first_id: dict[str, str] = {}
@@ -149,10 +137,10 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
     emit_ready()
     result.reused = len(emitted)
     compute: Compute | None = None
-    for part in _chunks(to_compute, chunk):
+    for part in chunks(to_compute, chunk):
         ids = [image_id for _, image_id in part]
         t = images.to_table(columns=["image_id", "jpeg"],
-                            filter=f"batch = {_quote(batch)} AND {_in_list('image_id', ids)}")
+                            filter=where_all(where_eq("batch", batch), where_in("image_id", ids)))
         jpeg_by_id = dict(zip(t.column("image_id").to_pylist(), t.column("jpeg").to_pylist(), strict=True))
         pil = [Image.open(io.BytesIO(jpeg_by_id[i])).convert("RGB") for i in ids]
         if compute is None:

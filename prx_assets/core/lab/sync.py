@@ -26,9 +26,10 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_assets.core.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import open_table, table_uri
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
+from prx_assets.core.lab.sql import where_eq
+from prx_assets.core.lab.table import open_table, table_uri
 
 CAPTION_PREFIX = "caption__"
 EMBEDDING_PREFIX = "emb__"
@@ -76,10 +77,6 @@ class LabSync:
     indexes_created: list[str] = field(default_factory=list)
     indexes: list[dict[str, Any]] = field(default_factory=list)
     tags: dict[str, int] = field(default_factory=dict)
-
-
-def _quote(v: str) -> str:
-    return "'" + v.replace("'", "''") + "'"
 
 
 def join_column(ds: lance.LanceDataset, column: str, field_type: pa.DataType,
@@ -198,7 +195,7 @@ def sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None = None,
         ids = list(captioner_ids) if captioner_ids is not None else sorted(set(
             captions.to_table(columns=["captioner_id"]).column("captioner_id").to_pylist()))
         for cid in ids:
-            t = captions.to_table(columns=["image_id", "caption"], filter=f"captioner_id = {_quote(cid)}")
+            t = captions.to_table(columns=["image_id", "caption"], filter=where_eq("captioner_id", cid))
             col = caption_column(cid)
             added, n = join_column(images, col, pa.string(), t.rename_columns(["image_id", "value"]))
             if added:

@@ -18,12 +18,11 @@ import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prx_assets.core.curation import Subset, summary
-from prx_assets.core.lab import tag_version
-from prx_assets.core.recipes import Recipe
-from prx_assets.core.storage import DataRoot
-
-CURATED_DIR = "curated"
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.curate.selection import Subset, summary
+from prx_assets.core.lab.sync import tag_version
 
 
 @dataclass(frozen=True)
@@ -44,22 +43,20 @@ def subset_id(version: int, recipe: Recipe) -> str:
 def write_subset(root: DataRoot, ds: lance.LanceDataset, recipe: Recipe, subset: Subset) -> StoredSubset:
     """Write ids and manifest (ids first, manifest last: a manifest means a complete subset) and tag."""
     sid = subset_id(subset.version, recipe)
-    base = f"{CURATED_DIR}/{recipe.name}/{sid}"
     buf = io.BytesIO()
     pq.write_table(pa.table({"image_id": pa.array(subset.image_ids, pa.string())}), buf)
-    root.write_bytes(f"{base}/ids.parquet", buf.getvalue())
+    root.write_bytes(layout.subset_ids(recipe.name, sid), buf.getvalue())
     tag = f"subset-{recipe.name}-v{subset.version}"
     tag_version(ds, tag, subset.version)
     manifest = {**summary(subset), "subset_id": sid, "recipe_hash": recipe.recipe_hash(),
                 "lance_version": subset.version,
-                "lance_uri": ds.uri, "lance_tag": tag, "ids": root.join(base, "ids.parquet")}
-    root.write_bytes(f"{base}/subset.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return StoredSubset(subset_id=sid, uri=root.join(base), tag=tag, manifest=manifest)
+                "lance_uri": ds.uri, "lance_tag": tag, "ids": root.join(layout.subset_ids(recipe.name, sid))}
+    root.write_bytes(layout.subset_manifest(recipe.name, sid), json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return StoredSubset(subset_id=sid, uri=root.join(layout.subset_dir(recipe.name, sid)), tag=tag, manifest=manifest)
 
 
 def read_subset(root: DataRoot, recipe: str, sid: str) -> tuple[dict[str, Any], list[str]]:
     """The manifest and ids of a stored subset."""
-    base = f"{CURATED_DIR}/{recipe}/{sid}"
-    manifest = json.loads(root.read_bytes(f"{base}/subset.json"))
-    ids = pq.read_table(io.BytesIO(root.read_bytes(f"{base}/ids.parquet"))).column("image_id").to_pylist()
+    manifest = json.loads(root.read_bytes(layout.subset_manifest(recipe, sid)))
+    ids = pq.read_table(io.BytesIO(root.read_bytes(layout.subset_ids(recipe, sid)))).column("image_id").to_pylist()
     return manifest, ids

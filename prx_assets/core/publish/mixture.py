@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prx_assets.core.config import config_dir, read_yaml
+from prx_assets.core.config.project import config_dir, read_yaml
 from prx_assets.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
-MIXTURE_DIR = "mixtures"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from prx_assets.core.images import encode_jpeg
+from prx_assets.core.ingest.images import encode_jpeg
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from prx_assets.core.captions import (
+from prx_assets.core.models.captions import (
     ModelLoadError,
     check_model_path,
     model_identity,

@@ -14,7 +14,6 @@ import pyarrow as pa
 
 IMAGES_TABLE = "images"
 REJECTS_TABLE = "rejects"
-LANCE_DIR = "lance"
 
 IMAGES_SCHEMA = pa.schema([
     pa.field("image_id", pa.string(), nullable=False,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from prx_assets.core.captions import model_identity
+from prx_assets.core.models.captions import model_identity
 from prx_assets.errors import PrxError
 
 

@@ -273,7 +273,7 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
     ConfigError
         Naming the file, the source and the fix, for malformed YAML, unknown kinds or
         keys, duplicate names, or invalid settings. Existence of folders is checked when
-        the source is listed (see :mod:`prx_assets.core.sources`).
+        the source is listed (see :mod:`prx_assets.core.ingest.sources`).
     """
     cfg_path = Path(path) if path is not None else config_dir() / "sources.yaml"
     spath = str(cfg_path)

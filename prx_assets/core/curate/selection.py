@@ -17,8 +17,9 @@ from typing import Any
 import lance
 import numpy as np
 
-from prx_assets.core.lab import CAPTION_PREFIX, caption_column
-from prx_assets.core.recipes import Recipe
+from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.lab.sql import where_in
+from prx_assets.core.lab.sync import CAPTION_PREFIX, caption_column
 from prx_assets.errors import PrxError
 
 
@@ -68,8 +69,7 @@ def _filters(recipe: Recipe) -> list[tuple[str, str]]:
     if res:
         out.append(("min_resolution", " AND ".join(res)))
     if recipe.aspect_buckets:
-        values = ", ".join("'" + b.replace("'", "''") + "'" for b in recipe.aspect_buckets)
-        out.append(("aspect_bucket", f"aspect_bucket IN ({values})"))
+        out.append(("aspect_bucket", where_in("aspect_bucket", list(recipe.aspect_buckets))))
     return out
 
 

@@ -17,12 +17,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from prx_assets.core.config import SourceConfig
-from prx_assets.core.sources import SourceReader, Unit
-from prx_assets.core.storage import DataRoot
+from prx_assets.core import layout
+from prx_assets.core.config.project import SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.sources import SourceReader, Unit
 from prx_assets.errors import PartitionKeyError, StorageError
 
-MANIFEST_DIR = "ingest/batches"
 _KEY_RE = re.compile(r"^([a-z][a-z0-9_]*)-(\d{5,})$")
 
 
@@ -82,13 +82,13 @@ class BatchManifest:
 
 def manifest_path(source: str, seq: int) -> str:
     """Path of a manifest relative to the data root."""
-    return f"{MANIFEST_DIR}/{source}/{seq:05d}.json"
+    return layout.batch_manifest(source, seq)
 
 
 def load_manifests(root: DataRoot, source: str) -> list[BatchManifest]:
     """All manifests of a source, in batch order."""
     out = []
-    for rel in root.list(f"{MANIFEST_DIR}/{source}"):
+    for rel in root.list(layout.batches_dir(source)):
         if rel.endswith(".json"):
             out.append(BatchManifest.from_bytes(root.read_bytes(rel)))
     return sorted(out, key=lambda m: m.seq)
@@ -101,7 +101,7 @@ def load_manifest(root: DataRoot, key: str) -> BatchManifest:
         return BatchManifest.from_bytes(root.read_bytes(manifest_path(source, seq)))
     except FileNotFoundError:
         raise PartitionKeyError(
-            f"no batch manifest for partition {key!r} under {root.join(MANIFEST_DIR)}; "
+            f"no batch manifest for partition {key!r} under {root.join(layout.BATCHES_DIR)}; "
             "run `prx-assets discover` (or the raw_batch_sensor) to create batches") from None
 
 

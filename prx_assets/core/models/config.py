@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prx_assets.core.captions import BACKENDS, CaptionerSpec, looks_local
-from prx_assets.core.config import config_dir, expand_env, read_yaml
-from prx_assets.core.embeddings import EmbedderSpec
-from prx_assets.core.text_encoder import TextTowerSpec
+from prx_assets.core.config.project import config_dir, expand_env, read_yaml
+from prx_assets.core.models.captions import BACKENDS, CaptionerSpec, looks_local
+from prx_assets.core.models.embeddings import EmbedderSpec
+from prx_assets.core.models.text_encoder import TextTowerSpec
 from prx_assets.errors import ConfigError
 
 

@@ -18,19 +18,19 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_assets.core.batches import BatchManifest
-from prx_assets.core.config import IngestSettings
-from prx_assets.core.images import ImageRejected, NormalizedImage, RejectReason, normalize
-from prx_assets.core.schema import (
+from prx_assets.core.config.project import IngestSettings
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import BatchManifest
+from prx_assets.core.ingest.images import ImageRejected, NormalizedImage, RejectReason, normalize
+from prx_assets.core.ingest.sources import SourceItem, SourceReader
+from prx_assets.core.lab.schema import (
     IMAGES_SCHEMA,
     IMAGES_TABLE,
     REJECTS_SCHEMA,
     REJECTS_TABLE,
     image_id,
 )
-from prx_assets.core.sources import SourceItem, SourceReader
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import replace_partition, table_uri
+from prx_assets.core.lab.table import replace_partition, table_uri
 
 log = logging.getLogger(__name__)
 

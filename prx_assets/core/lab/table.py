@@ -16,14 +16,15 @@ from dataclasses import dataclass
 import lance
 import pyarrow as pa
 
-from prx_assets.core.schema import LANCE_DIR
-from prx_assets.core.storage import DataRoot
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.sql import where_eq
 from prx_assets.errors import StorageError
 
 
 def table_uri(root: DataRoot, name: str) -> str:
     """URI of the Lance dataset ``name`` under the data root."""
-    return root.join(LANCE_DIR, f"{name}.lance")
+    return root.join(layout.table(name))
 
 
 def _missing(err: Exception) -> bool:
@@ -102,11 +103,10 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
         row is kept as is; ``None`` rewrites every matched row.
     """
     ds = open_or_create(uri, schema, storage_options)
-    value = partition_value.replace("'", "''")
     builder = ds.merge_insert(key)
     builder = builder.when_matched_update_all(f"NOT ({unchanged_if})" if unchanged_if else None)
     builder = builder.when_not_matched_insert_all()
-    builder = builder.when_not_matched_by_source_delete(f"{partition_column} = '{value}'")
+    builder = builder.when_not_matched_by_source_delete(where_eq(partition_column, partition_value))
     reader = pa.RecordBatchReader.from_batches(schema, _conform(batches, schema))
     stats = builder.execute(reader)
     return WriteResult(version=ds.version, inserted=int(stats.get("num_inserted_rows", 0)),

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from prx_assets.core.config import SourceConfig
-from prx_assets.core.storage import ObjectStoreSettings, is_remote, split_s3
+from prx_assets.core.config.project import SourceConfig
+from prx_assets.core.config.storage import ObjectStoreSettings, is_remote, split_s3
 from prx_assets.errors import ConfigError, SourceError
 
 S3ClientFactory = Callable[[], Any]

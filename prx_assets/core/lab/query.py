@@ -2,7 +2,7 @@
 
 Importable for notebooks::
 
-    from prx_assets.core.query import open_lab, query
+    from prx_assets.core.lab.query import open_lab, query
     ds = open_lab()                                   # $PRX_DATA_ROOT, latest version
     query(ds, where="width >= 1024 AND source = 'photos'", columns=["image_id", "width"])
     query(ds, near="5b5d8d8b4c9b1a8f", k=5)           # nearest images by embedding
@@ -19,11 +19,12 @@ from typing import Any
 import lance
 import pyarrow as pa
 
-from prx_assets.core.config import data_root
-from prx_assets.core.lab import CAPTION_PREFIX, EMBEDDING_PREFIX
-from prx_assets.core.schema import IMAGES_TABLE
-from prx_assets.core.storage import DataRoot
-from prx_assets.core.table import table_uri
+from prx_assets.core.config.project import data_root
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.schema import IMAGES_TABLE
+from prx_assets.core.lab.sql import where_eq
+from prx_assets.core.lab.sync import CAPTION_PREFIX, EMBEDDING_PREFIX
+from prx_assets.core.lab.table import table_uri
 from prx_assets.errors import PrxError
 
 DEFAULT_COLUMNS = ("image_id", "source", "width", "height", "aspect_bucket", "uri")
@@ -104,7 +105,7 @@ def query(ds: lance.LanceDataset, where: str | None = None, columns: Sequence[st
     kwargs: dict[str, Any] = {"columns": cols, "filter": where, "limit": limit}
     if near is not None:
         vcol = _single(ds, EMBEDDING_PREFIX, vector_column, "embedding")
-        row = ds.to_table(columns=[vcol], filter=f"image_id = '{near}'")
+        row = ds.to_table(columns=[vcol], filter=where_eq("image_id", near))
         if row.num_rows == 0 or row.column(0)[0].as_py() is None:
             raise QueryError(f"image_id {near!r} not found or has no {vcol} vector")
         kwargs["nearest"] = {"column": vcol, "q": row.column(0)[0].values.to_numpy(), "k": k,

@@ -36,14 +36,15 @@ from typing import Any
 
 import lance
 
-from prx_assets.core.lab import caption_column
-from prx_assets.core.recipes import Recipe
-from prx_assets.core.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
-from prx_assets.core.storage import DataRoot, split_s3
-from prx_assets.core.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot, split_s3
+from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
+from prx_assets.core.lab.sql import rows_by_ids, where_eq
+from prx_assets.core.lab.sync import caption_column
+from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
 from prx_assets.errors import PrxError
 
-MDS_DIR = "mds"
 SHARDS_CODE_VERSION = "shards-1"
 
 
@@ -101,11 +102,7 @@ def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: 
     written = 0
     with MDSWriter(out=out, columns=columns, compression=settings.compression,
                    hashes=list(settings.hashes) or None, size_limit=settings.size_limit) as writer:
-        for i in range(0, len(ids), 512):
-            chunk = ids[i:i + 512]
-            quoted = ", ".join("'" + x + "'" for x in chunk)
-            rows = {r["image_id"]: r for r in lab.to_table(columns=lab_cols,
-                                                             filter=f"image_id IN ({quoted})").to_pylist()}
+        for chunk, rows in rows_by_ids(lab, ids, lab_cols):
             samples = []
             for image_id in chunk:
                 r = rows.get(image_id)
@@ -175,9 +172,9 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
                          f"{subset_manifest.get('lance_version')}; loosen the recipe (see curated_subsets' "
                          "dropped_by_rule) before writing shards")
     set_id = shard_set_id(subset_manifest["subset_id"], settings)
-    rel = f"{MDS_DIR}/{recipe.name}/{set_id}"
-    if root.exists(f"{rel}/manifest.json"):
-        return json.loads(root.read_bytes(f"{rel}/manifest.json"))
+    rel = layout.shard_set_dir(recipe.name, set_id)
+    if root.exists(layout.shard_set_manifest(recipe.name, set_id)):
+        return json.loads(root.read_bytes(layout.shard_set_manifest(recipe.name, set_id)))
     plan = caption_plan(recipe, subset_manifest["caption_columns"], captioner_ids)
     encoder = TextEncoder(settings.text_tower, device="auto") if settings.text_tower is not None else None
     if encoder is not None and not plan["columns"]:
@@ -186,17 +183,14 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     columns = mds_columns(plan, encoder)
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
-        Path(root.join(MDS_DIR, recipe.name, f".staging-{set_id}-{uuid.uuid4().hex[:8]}"))
+        Path(root.join(layout.shard_set_staging(recipe.name, set_id, uuid.uuid4().hex[:8])))
     try:
         staging.parent.mkdir(parents=True, exist_ok=True)
         groups: dict[str, list[str]] = {"": list(ids)}
         if settings.by_bucket:  # one sub-stream (folder with its own index.json) per aspect bucket
             groups = {}
-            for part in range(0, len(ids), 1000):
-                chunk = ids[part:part + 1000]
-                quoted = ", ".join("'" + x + "'" for x in chunk)
-                for r in lab.to_table(columns=["image_id", "aspect_bucket"],
-                                      filter=f"image_id IN ({quoted})").to_pylist():
+            for _, rows in rows_by_ids(lab, ids, ["aspect_bucket"], chunk=1000):
+                for r in rows.values():
                     groups.setdefault(bucket_dir(r["aspect_bucket"]), []).append(r["image_id"])
             groups = {k: sorted(v) for k, v in sorted(groups.items())}
         jobs = []
@@ -239,7 +233,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             "uri": root.join(rel), "seconds": round(time.perf_counter() - started, 3),
             **(lineage or {}),
         }
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        (staging / layout.SHARD_SET_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         _publish(root, staging, rel)
         return manifest
     finally:
@@ -254,11 +248,11 @@ def _publish(root: DataRoot, staging: Path, rel: str) -> None:
         try:
             os.rename(staging, final)  # atomic on one filesystem; fails if another writer won
         except OSError:
-            if not (final / "manifest.json").is_file():
+            if not (final / layout.SHARD_SET_MANIFEST).is_file():
                 raise
         return
     files = sorted(p for p in staging.rglob("*") if p.is_file())
-    last = [staging / "index.json", staging / "manifest.json"]
+    last = [staging / layout.MDS_INDEX, staging / layout.SHARD_SET_MANIFEST]
     for p in [f for f in files if f not in last] + last:
         root.write_bytes(f"{rel}/{p.relative_to(staging).as_posix()}", p.read_bytes())
 
@@ -306,7 +300,7 @@ def verify_shard_set(manifest: dict[str, Any], lab: lance.LanceDataset, sample: 
     mismatched = []
     for i in picks:
         s = sds[int(i)]
-        row = lab.to_table(columns=["jpeg"], filter=f"image_id = '{s['image_id']}'")
+        row = lab.to_table(columns=["jpeg"], filter=where_eq("image_id", s["image_id"]))
         if row.num_rows != 1 or row.column(0)[0].as_py() != s["image"]:
             mismatched.append(s["image_id"])
     return Verification(samples=n, expected=int(manifest["samples"]), checked=len(picks), mismatched=mismatched)
