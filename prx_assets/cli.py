@@ -34,6 +34,7 @@ from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TAB
 from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
 from prx_assets.errors import PrxError
+from prx_assets.resources.storage import ProjectConfigResource
 
 
 def ensure_dagster_home() -> Path:
@@ -70,33 +71,13 @@ def _models_config() -> Any:
 
 
 def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, Any]]) -> list[str]:
-    """Register discovered batches and the configured captioner ids as dynamic partitions."""
-    from prx_assets.defs.partitions import captioner_partitions, raw_batches
+    """Register discovered batches and configured captioner ids, recipes and mixtures as partitions."""
+    from prx_assets.defs.partitions import missing_partitions
 
-    new = register_batches(instance, reports, raw_batches.name or "raw_batches")
-    from prx_assets.core.config.project import config_dir
-    from prx_assets.core.curate.recipes import load_recipes
-    from prx_assets.defs.partitions import recipe_partitions
-
-    wanted: list[tuple[str, list[str]]] = []
-    models = _models_config()
-    if models is not None:
-        wanted.append((captioner_partitions.name or "captioners", models.captioner_ids()))
-    if (config_dir() / "recipes.yaml").is_file():
-        wanted.append((recipe_partitions.name or "recipes",
-                       [r.name for r in load_recipes(config_dir() / "recipes.yaml").recipes]))
-    if (config_dir() / "mixtures.yaml").is_file():
-        from prx_assets.core.publish.mixture import load_mixtures
-        from prx_assets.defs.partitions import mixture_partitions
-
-        wanted.append((mixture_partitions.name or "mixtures", list(load_mixtures(config_dir() / "mixtures.yaml"))))
-    for name, keys in wanted:
-        known = set(instance.get_dynamic_partitions(name))
-        fresh = [k for k in keys if k not in known]
-        if fresh:
-            instance.add_dynamic_partitions(name, fresh)
-            new += fresh
-    return new
+    fresh = missing_partitions(instance, ProjectConfigResource(), (k for r in reports for k in r["all_batches"]))
+    for name, keys in fresh.items():
+        instance.add_dynamic_partitions(name, keys)
+    return [k for keys in fresh.values() for k in keys]
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -138,16 +119,6 @@ def cmd_discover(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_batches(instance: dg.DagsterInstance, reports: list[dict[str, Any]],
-                     name: str) -> list[str]:
-    """Add every discovered batch key missing from the dynamic partitions ``name``."""
-    existing = set(instance.get_dynamic_partitions(name))
-    new = [k for r in reports for k in r["all_batches"] if k not in existing]
-    if new:
-        instance.add_dynamic_partitions(name, new)
-    return new
-
-
 def selected_keys(defs: dg.Definitions, select: str | None) -> list[dg.AssetKey]:
     """Asset keys of a Dagster selection string (all by default), in dependency order."""
     graph = defs.resolve_asset_graph()
@@ -159,12 +130,20 @@ def selected_keys(defs: dg.Definitions, select: str | None) -> list[dg.AssetKey]
 
 
 def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | None,
-             keys: list[dg.AssetKey] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
-    """Missing or stale (asset, partition) pairs of the selection (or ``keys``), in dependency order."""
+             keys: list[dg.AssetKey] | None = None,
+             skipped: dict[str, str] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
+    """Missing or stale (asset, partition) pairs of the selection (or ``keys``), in dependency order.
+
+    Partitions that nothing backs any more (see ``orphan_partitions``) are left out; when
+    ``skipped`` is given it receives ``{"asset[partition]": why}`` for each.
+    """
+    from prx_assets.defs.partitions import is_orphan, orphan_partitions
     from prx_assets.defs.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
 
     order = keys if keys is not None else selected_keys(defs, select)
-    ctx = FingerprintContext(root=_root(), sources=load_sources(), instance=instance,
+    root = _root()
+    orphans = orphan_partitions(instance, ProjectConfigResource(), root)
+    ctx = FingerprintContext(root=root, sources=load_sources(), instance=instance,
                              models=_models_config())
     plan: list[tuple[dg.AssetKey, str | None]] = []
     for key in order:
@@ -177,6 +156,11 @@ def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | N
         recorded = recorded_fingerprints(instance, key)
         fp_fn = fingerprint_for(key)
         for pk in partitions:
+            why = is_orphan(orphans, pdef, pk)
+            if why:
+                if skipped is not None:
+                    skipped[f"{key.to_user_string()}[{pk}]"] = why
+                continue
             if pk not in recorded or (fp_fn is not None and recorded[pk] != fp_fn(ctx, pk)):
                 plan.append((key, pk))
     return plan
@@ -222,7 +206,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     instance = _instance()
     reports = discover_batches(_root(), load_sources())
     register_partitions(instance, reports)
-    plan = plan_run(defs, instance, args.select)
+    skipped: dict[str, str] = {}
+    plan = plan_run(defs, instance, args.select, skipped=skipped)
+    _report_skipped(skipped)
     if not plan:
         print("everything is up to date")
         return 0
@@ -246,6 +232,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     if failed:
         print(f"{failed} of {done} partitions failed")
         return 1
+    return 0
+
+
+def _report_skipped(skipped: dict[str, str]) -> None:
+    if not skipped:
+        return
+    print(f"skipping {len(skipped)} partitions that nothing backs any more "
+          "(`prx-assets partitions --prune` removes them):")
+    for name, why in list(skipped.items())[:10]:
+        print(f"  {name}: {why}")
+    if len(skipped) > 10:
+        print(f"  ... and {len(skipped) - 10} more")
+
+
+def cmd_partitions(args: argparse.Namespace) -> int:
+    """List registered dynamic partitions and the orphans among them; ``--prune`` removes orphans."""
+    from prx_assets.defs.partitions import orphan_partitions
+
+    instance = _instance()
+    orphans = orphan_partitions(instance, ProjectConfigResource(), _root())
+    for name in ("raw_batches", "captioners", "recipes", "mixtures"):
+        keys = instance.get_dynamic_partitions(name)
+        bad = orphans.get(name, {})
+        print(f"{name}: {len(keys)} registered, {len(bad)} orphaned")
+        for key, why in bad.items():
+            print(f"  {key}: {why}")
+            if args.prune:
+                instance.delete_dynamic_partition(name, key)
+    total = sum(len(v) for v in orphans.values())
+    if args.prune:
+        print(f"removed {total} orphaned partitions")
+    elif total:
+        print("run `prx-assets partitions --prune` to remove them (their materialization history stays)")
     return 0
 
 
@@ -300,25 +319,92 @@ def table_summary(root: DataRoot) -> dict[str, Any]:
     return out
 
 
+def asset_status(instance: dg.DagsterInstance) -> list[dict[str, Any]]:
+    """Per asset, in dependency order: registered partitions and how many are materialized."""
+    from prx_assets.definitions import defs
+
+    out = []
+    for key in selected_keys(defs, None):
+        pdef = defs.resolve_assets_def(key).partitions_def
+        if pdef is None:
+            done = instance.get_latest_materialization_event(key) is not None
+            out.append({"asset": key.to_user_string(), "partitions": 1, "materialized": int(done)})
+            continue
+        keys = set(pdef.get_partition_keys(dynamic_partitions_store=instance))
+        done_keys = set(instance.get_materialized_partitions(key)) & keys
+        out.append({"asset": key.to_user_string(), "partitions": len(keys), "materialized": len(done_keys)})
+    return out
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The table summary as short human lines."""
+    lines = [f"data root: {summary['data_root']}"]
+    if "images" in summary:
+        im = summary["images"]
+        by_source = ", ".join(f"{k} {v}" for k, v in im["by_source"].items())
+        lines.append(f"images: {im['rows']} rows ({by_source}), {im['jpeg_bytes'] / 1e6:.1f} MB of JPEG, "
+                     f"Lance v{im['lance_version']}")
+    if "captions" in summary:
+        c = summary["captions"]
+        lines.append(f"captions: {c['rows']} rows from {len(c['by_captioner'])} captioners "
+                     f"({', '.join(c['by_captioner'])})")
+    for name, e in summary.get("embeddings", {}).items():
+        lines.append(f"{name}: {e['rows']} vectors of dim {e['dim']}")
+    if "rejects" in summary:
+        r = summary["rejects"]
+        lines.append(f"rejects: {r['rows']} ({', '.join(f'{k} {v}' for k, v in r['by_reason'].items())}); "
+                     "`prx-assets rejects` lists them")
+    return lines
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print sources, batches and materialization status."""
+    """Print sources, batches, every asset's materialized partitions and the tables."""
     from prx_assets.core.ingest.batches import load_manifests
 
     instance = _instance()
     root = _root()
     materialized = set(instance.get_materialized_partitions(dg.AssetKey("raw_images")))
+    sources = []
     for src in load_sources().sources:
         manifests = load_manifests(root, src.name)
-        done = sum(1 for m in manifests if m.key in materialized)
-        print(f"{src.name} ({src.kind} {src.location}): {len(manifests)} batches, "
-              f"{done} materialized, {sum(m.weight for m in manifests)} items")
-    print(json.dumps(table_summary(root), indent=2))
+        sources.append({"source": src.name, "kind": src.kind, "location": src.location,
+                        "batches": len(manifests), "ingested": sum(1 for m in manifests if m.key in materialized),
+                        "items": sum(m.weight for m in manifests)})
+    assets = asset_status(instance)
+    summary = table_summary(root)
+    if args.json:
+        print(json.dumps({"sources": sources, "assets": assets, "tables": summary}, indent=1))
+        return 0
+    print("sources:")
+    for s in sources:
+        print(f"  {s['source']} ({s['kind']} {s['location']}): {s['batches']} batches, {s['ingested']} ingested, "
+              f"{s['items']} items")
+    print("assets (materialized / registered partitions):")
+    width = max(len(a["asset"]) for a in assets)
+    for a in assets:
+        state = "up to date" if a["partitions"] and a["materialized"] == a["partitions"] else \
+            ("nothing yet" if not a["materialized"] else "partly")
+        print(f"  {a['asset'].ljust(width)}  {a['materialized']:>5} / {a['partitions']:<5} {state}")
+    print("tables:")
+    for line in summary_lines(summary):
+        print(f"  {line}")
+    print("`prx-assets run --dry-run` lists what is missing or stale")
     return 0
 
 
 def cmd_rejects(args: argparse.Namespace) -> int:
     """List rejected files."""
+    from prx_assets.core.ingest.images import RejectReason
+
     root = _root()
+    if args.source:
+        known = [s.name for s in load_sources().sources]
+        if args.source not in known:
+            raise PrxError(f"unknown source {args.source!r}; sources.yaml has: {', '.join(known)}")
+    if args.reason:
+        reasons = [r.value for r in RejectReason]
+        if args.reason not in reasons:
+            raise PrxError(f"unknown reason {args.reason!r}; reasons are: {', '.join(reasons)}")
     ds = open_table(table_uri(root, REJECTS_TABLE), root.storage_options())
     if ds is None:
         print("no rejects table yet")
@@ -350,8 +436,13 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     ds = open_lab(_root(), version=args.version, tag=args.tag)
     if args.versions:
-        for v in versions(ds):
-            print(json.dumps(v))
+        vs = versions(ds)
+        if args.json:
+            for v in vs:
+                print(json.dumps(v))
+        else:
+            print_table([{"version": v["version"], "timestamp": v["timestamp"], "tags": ", ".join(v["tags"])}
+                         for v in vs])
         return 0
     cols = [c.strip() for c in args.columns.split(",")] if args.columns else None
     res = query(ds, where=args.where, columns=cols, limit=args.limit, near=args.near, k=args.k,
@@ -363,14 +454,34 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str))
-    elif rows:
-        names = list(rows[0])
-        widths = {n: min(48, max(len(n), *(len(str(r[n])) for r in rows))) for n in names}
-        print("  ".join(n.ljust(widths[n]) for n in names))
-        for r in rows:
-            print("  ".join(str(r[n])[:48].ljust(widths[n]) for n in names))
+    else:
+        print_table(rows)
     print(f"{len(rows)} rows (version {ds.version})", file=sys.stderr)
     return 0
+
+
+#: Widest a table cell gets; longer values are cut in the middle with an ellipsis (`--json` shows them whole).
+CELL_WIDTH = 60
+
+
+def _fit(value: Any, width: int = CELL_WIDTH) -> str:
+    text = str(value)
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: keep // 2] + "\u2026" + text[len(text) - (keep - keep // 2):]
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Rows as aligned columns; long cells are shortened with an ellipsis in the middle."""
+    if not rows:
+        return
+    names = list(rows[0])
+    cells = [[_fit(r[n]) for n in names] for r in rows]
+    widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
+    print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip())
+    for c in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
 
 
 def _print_training(instance: dg.DagsterInstance) -> None:
@@ -406,10 +517,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cmd_models(args)
     rc = cmd_run(argparse.Namespace(select=None, dry_run=False, verbose=args.verbose))
     print("\nsummary:")
-    print(json.dumps(table_summary(root), indent=2))
+    for line in summary_lines(table_summary(root)):
+        print(f"  {line}")
     _print_training(_instance())
     print(f"\nDagster instance: {os.environ['DAGSTER_HOME']} -- open the UI with `make dev`")
+    hint = path_hint()
+    if hint:
+        print(hint)
     return rc
+
+
+def path_hint() -> str | None:
+    """How to reach ``prx-assets`` when this interpreter's bin folder is not on PATH (else ``None``)."""
+    bindir = Path(sys.executable).parent
+    found = shutil.which("prx-assets")
+    if found and Path(found).parent.resolve() == bindir.resolve():
+        return None
+    return (f"prx-assets lives in {bindir}: run `source {bindir}/activate` (or call {bindir}/prx-assets) "
+            "to use `prx-assets status`, `query`, `lineage`, ...")
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
@@ -442,7 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
     q = sub.add_parser("query", help="query the lab (filters, --near, --text, --version/--tag, --explain)")
     q.add_argument("--where", help="SQL predicate, e.g. \"width >= 1024 AND source = 'photos'\"")
-    q.add_argument("--columns", help="comma-separated columns (default: id, source, size, bucket, uri)")
+    q.add_argument("--columns", help="comma-separated columns (default: image_id, source, width, height, "
+                                     "aspect_bucket, uri)")
     q.add_argument("--limit", type=int, default=20)
     q.add_argument("--near", metavar="IMAGE_ID", help="nearest images by embedding")
     q.add_argument("-k", type=int, default=10, help="neighbours for --near")
@@ -451,10 +577,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--tag", help="read the version with this tag (e.g. published)")
     q.add_argument("--explain", action="store_true", help="print the plan and rows/bytes read")
     q.add_argument("--json", action="store_true", help="JSON lines instead of a table")
-    q.add_argument("--versions", action="store_true", help="list versions and tags")
+    q.add_argument("--versions", action="store_true", help="list versions and tags (a table; --json for JSON)")
     q.set_defaults(fn=cmd_query)
-    st = sub.add_parser("status", help="sources, batches and table summary")
+    st = sub.add_parser("status", help="sources, batches, every asset's partitions and the tables")
+    st.add_argument("--json", action="store_true", help="one JSON document instead of text")
     st.set_defaults(fn=cmd_status)
+    pa_ = sub.add_parser("partitions", help="registered dynamic partitions and orphans (keys nothing backs)")
+    pa_.add_argument("--prune", action="store_true", help="remove orphaned partitions")
+    pa_.set_defaults(fn=cmd_partitions)
     rj = sub.add_parser("rejects", help="list rejected files with reasons")
     rj.add_argument("--source")
     rj.add_argument("--reason")
@@ -474,10 +604,17 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``prx-assets`` console script."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.fn(args))
+        rc = int(args.fn(args))
+        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
+        return rc
     except PrxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`prx-assets query | head`): stop quietly, like other Unix tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -107,6 +107,9 @@ def _training_mat(instance: dg.DagsterInstance, target: str) -> tuple[dg.AssetMa
         partition = mixtures[0]
     if partition is None:
         return None
+    if partition not in mixtures:
+        raise LineageError(f"unknown mixture {partition!r}; known mixtures: {', '.join(mixtures) or 'none yet'} "
+                           "(mixtures.yaml names them; `prx-assets discover` registers them)")
     rec = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey("training_run"), asset_partitions=[partition]), limit=1).records
     if not rec or rec[0].asset_materialization is None:

@@ -1,6 +1,5 @@
-"""Shared fixtures: temporary data roots, image factories, a real moto S3 server."""
+"""Shared fixtures: temporary data roots, a real moto S3 server, tiny models. Helpers live in tests/helpers.py."""
 
-import io
 import os
 import shutil
 import socket
@@ -12,30 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
-import numpy as np
 import pytest
-from PIL import Image
 
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may reach a model hub
 os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
 
 
-from prx_assets.devserver import dagster_dev, free_port, graphql  # noqa: E402,F401 - shared with tests
-
-
-def encode(im: Image.Image, fmt: str, **kw: object) -> bytes:
-    """Encode an image to bytes."""
-    buf = io.BytesIO()
-    im.save(buf, fmt, **kw)
-    return buf.getvalue()
-
-
-def photo(w: int = 320, h: int = 240, seed: int = 0) -> Image.Image:
-    """A deterministic photo-like RGB image."""
-    from prx_assets.core.demo.corpus import make_scene
-
-    return make_scene(np.random.default_rng(seed), w, h).image
+from prx_assets.devserver import free_port  # noqa: E402
 
 
 @pytest.fixture
@@ -101,33 +84,6 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     os.makedirs(tmp_path / "dagster_home", exist_ok=True)
 
 
-def write_folder_corpus(folder: Path, n: int = 6, seed: int = 0, broken: bool = True) -> list[Path]:
-    """``n`` good images of mixed formats (plus, optionally, three broken files) in ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    fmts = [("jpg", "JPEG"), ("png", "PNG"), ("webp", "WEBP")]
-    for i in range(n):
-        ext, fmt = fmts[i % 3]
-        p = folder / ("sub" if i % 2 else "") / f"img_{seed}_{i:03d}.{ext}"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(encode(photo(200 + 40 * i, 160 + 10 * i, seed=seed * 100 + i), fmt))
-        out.append(p)
-    if broken:
-        (folder / "zero.jpg").write_bytes(b"")
-        (folder / "text.jpg").write_bytes(b"hello, not a jpeg")
-        (folder / "tiny.png").write_bytes(encode(photo(20, 20), "PNG"))
-        out += [folder / "zero.jpg", folder / "text.jpg", folder / "tiny.png"]
-    return out
-
-
-def write_sources_yaml(config_dir: Path, body: str) -> Path:
-    """Write sources.yaml into ``config_dir`` and return its path."""
-    config_dir.mkdir(parents=True, exist_ok=True)
-    p = config_dir / "sources.yaml"
-    p.write_text(body)
-    return p
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Tiny random Qwen3-VL, SigLIP and Qwen3 text checkpoints, built once per session."""
@@ -148,14 +104,3 @@ def models_env(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("PRX_EMBEDDER_MODEL", tiny_models["siglip"])
     monkeypatch.setenv("PRX_TEXT_ENCODER_MODEL", tiny_models["text"])
     return tiny_models
-
-
-def wait_for(pred, timeout: float, what: str, every: float = 1.0):
-    """Poll ``pred`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -1,5 +1,6 @@
 """The `prx-assets` command: run, staleness, status, rejects, and definitions validation."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -75,7 +76,12 @@ def test_status_and_rejects(small_demo: Path, capsys: pytest.CaptureFixture[str]
     capsys.readouterr()
     assert main(["status"]) == 0
     out = capsys.readouterr().out
-    assert "photos (folder" in out and '"by_reason"' in out
+    assert "photos (folder" in out and "rejects: " in out and "{" not in out  # text, not JSON
+    assert "raw_images" in out and "recaptions" in out and "training_run" in out  # downstream state too
+    assert main(["status", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {a["asset"] for a in doc["assets"]} >= {"raw_images", "mds_shards", "training_run"}
+    assert doc["tables"]["rejects"]["by_reason"]
     assert main(["rejects", "--reason", "decompression_bomb"]) == 0
     captured = capsys.readouterr()
     assert "pixel_bomb.png" in captured.out and "1 rejects" in captured.err
@@ -189,3 +195,40 @@ def test_mds_shard_sets_read_back_exactly(small_demo: Path, capsys: pytest.Captu
     assert sorted(ids) == sorted(set(ids)) and len(ids) == subset_ids["selected"]
     assert main(["run"]) == 0
     assert "everything is up to date" in capsys.readouterr().out
+
+
+def test_first_hour_cli_fixes(small_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Unknown filters are errors, tables shorten long cells visibly, versions print as a table."""
+    assert main(["run", "--select", "raw_images"]) == 0
+    capsys.readouterr()
+    assert main(["rejects", "--source", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown source 'nosuch'" in err and "photos" in err
+    assert main(["rejects", "--reason", "nosuch"]) == 2
+    assert "unknown reason 'nosuch'" in capsys.readouterr().err
+    assert main(["lineage", "training_run[nope]"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown mixture 'nope'" in err and "demo_mix" in err
+
+    assert main(["query", "--columns", "image_id,uri", "--limit", "3"]) == 0
+    out = capsys.readouterr().out
+    long_uris = [line for line in out.splitlines()[1:] if "\u2026" in line]
+    assert long_uris, out  # demo URIs are longer than a cell: cut with an ellipsis, not silently
+    assert main(["query", "--versions"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["version", "timestamp", "tags"] and "{" not in out
+    assert main(["query", "--versions", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["version"] >= 1
+
+
+def test_a_closed_pipe_ends_quietly(small_demo: Path) -> None:
+    """`prx-assets query | head -1` must not end in a BrokenPipeError traceback."""
+    assert main(["run", "--select", "raw_images"]) == 0
+    exe = Path(sys.executable).parent / "prx-assets"
+    # The reader is gone before the first write: every write meets a closed pipe (like `| head -0`).
+    proc = subprocess.Popen([str(exe), "query", "--columns", "image_id,uri"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err

@@ -11,7 +11,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover, load_manifests
 from prx_assets.core.ingest.sources import reader_for
 from prx_assets.core.lab.table import table_uri
-from tests.conftest import write_folder_corpus
+from tests.helpers import write_folder_corpus
 
 
 def _source(folder: str) -> SourceConfig:

@@ -19,8 +19,7 @@ import pytest
 from prx_assets.cli import main
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.demo.corpus import generate_demo_corpus
-
-from .conftest import dagster_dev, graphql, wait_for
+from tests.helpers import dagster_dev, graphql, wait_for
 
 REPO = Path(__file__).parents[1]
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}

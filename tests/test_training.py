@@ -26,8 +26,7 @@ import pytest
 from prx_assets.cli import main
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.demo.corpus import generate_demo_corpus
-
-from .conftest import dagster_dev, graphql, wait_for
+from tests.helpers import dagster_dev, graphql, wait_for
 
 REPO = Path(__file__).parents[1]
 
@@ -153,7 +152,7 @@ def test_precomputed_mode_on_shards_without_latents_names_the_column(project: di
 
 
 def test_ddp_on_two_ranks_checkpoints_and_resumes(project: dict[str, Any], tmp_path: Path) -> None:
-    from .conftest import free_port
+    from tests.helpers import free_port
 
     def run(steps: int) -> tuple[dict[str, Any], str]:
         out = subprocess.run(

@@ -18,8 +18,7 @@ import pytest
 from prx_assets.cli import main
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.demo.corpus import generate_demo_corpus
-
-from .conftest import dagster_dev, wait_for
+from tests.helpers import dagster_dev, graphql, wait_for
 
 REPO = Path(__file__).parents[1]
 SHOTS = REPO / "test-artifacts" / "ui"
@@ -208,3 +207,35 @@ def test_backfill_over_several_partitions_from_the_ui_completes(ui: dict) -> Non
     page.wait_for_timeout(2000)
     page.screenshot(path=str(SHOTS / "backfill.png"))
 
+
+
+ADD_PARTITION = """
+mutation($repo: RepositorySelector!, $name: String!, $key: String!) {
+  addDynamicPartition(repositorySelector: $repo, partitionsDefName: $name, partitionKey: $key) {
+    __typename
+    ... on AddDynamicPartitionSuccess { partitionKey }
+    ... on PythonError { message }
+  }
+}"""
+
+
+def test_a_bogus_partition_added_in_the_ui_is_skipped_and_pruned(ui: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Materialize dialog's "Add a partition" registers any key; nothing backs ``photos-00099``."""
+    repo = {"repositoryLocationName": "prx_assets.definitions", "repositoryName": "__repository__"}
+    got = graphql(ui["port"], ADD_PARTITION, {"repo": repo, "name": "raw_batches", "key": "photos-00099"})
+    assert got["addDynamicPartition"]["__typename"] == "AddDynamicPartitionSuccess", got
+    with dg.DagsterInstance.get() as instance:
+        assert "photos-00099" in instance.get_dynamic_partitions("raw_batches")
+    capsys.readouterr()
+    assert main(["run", "--select", "raw_images", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "raw_images[photos-00099]: no batch manifest ingest/batches/photos/00099.json" in out
+    assert "photos-00099" not in out.split("skipping")[1].split("\n", 3)[-1]  # not planned
+    assert main(["partitions"]) == 0
+    assert "raw_batches:" in capsys.readouterr().out
+    assert main(["partitions", "--prune"]) == 0
+    assert "removed 1 orphaned partitions" in capsys.readouterr().out
+    with dg.DagsterInstance.get() as instance:
+        assert "photos-00099" not in instance.get_dynamic_partitions("raw_batches")
+    assert main(["run", "--select", "raw_images", "--dry-run"]) == 0
+    assert "skipping" not in capsys.readouterr().out

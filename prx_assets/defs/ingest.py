@@ -19,12 +19,7 @@ from prx_assets.core.ingest.sources import reader_for
 from prx_assets.core.lab.schema import IMAGES_TABLE
 from prx_assets.core.lab.sql import where_eq
 from prx_assets.core.lab.table import open_table, table_uri
-from prx_assets.defs.partitions import (
-    captioner_partitions,
-    mixture_partitions,
-    raw_batches,
-    recipe_partitions,
-)
+from prx_assets.defs.partitions import missing_partitions, raw_batches
 from prx_assets.defs.remote import StageResources, register_stage, run_stage
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
@@ -233,16 +228,10 @@ def raw_batch_sensor(context: dg.SensorEvaluationContext, storage: StorageResour
     batch count per source.
     """
     reports = discover_batches(storage.root(), project.sources(), s3_client=s3.get_client)
-    existing = set(context.instance.get_dynamic_partitions(raw_batches.name or "raw_batches"))
-    new_keys = [k for r in reports for k in r["all_batches"] if k not in existing]
-    requests = [raw_batches.build_add_request(new_keys)] if new_keys else []
-    for pdef, keys in ((captioner_partitions, configured_captioner_ids(project)),
-                       (recipe_partitions, configured_recipe_names(project)),
-                       (mixture_partitions, configured_mixture_names(project))):
-        known = set(context.instance.get_dynamic_partitions(pdef.name or ""))
-        fresh = [k for k in keys if k not in known]
-        if fresh:
-            requests.append(pdef.build_add_request(fresh))
+    fresh = missing_partitions(context.instance, project, (k for r in reports for k in r["all_batches"]))
+    new_keys = fresh.get(raw_batches.name or "", [])
+    requests = [dg.AddDynamicPartitionsRequest(partitions_def_name=name, partition_keys=keys)
+                for name, keys in fresh.items()]
     cursor = json.dumps({r["source"]: r["batches"] for r in reports}, sort_keys=True)
     if not new_keys:
         return dg.SensorResult(skip_reason="no new files in any source", cursor=cursor,
@@ -252,26 +241,3 @@ def raw_batch_sensor(context: dg.SensorEvaluationContext, storage: StorageResour
         dynamic_partitions_requests=requests,
         cursor=cursor,
     )
-
-
-def configured_recipe_names(project: ProjectConfigResource) -> list[str]:
-    """Recipe names from recipes.yaml (none when the file does not exist)."""
-    import os
-
-    return [r.name for r in project.recipes().recipes] if os.path.isfile(project.path("recipes.yaml")) else []
-
-
-def configured_mixture_names(project: ProjectConfigResource) -> list[str]:
-    """Mixture names from mixtures.yaml (none when the file does not exist)."""
-    import os
-
-    return list(project.mixtures()) if os.path.isfile(project.path("mixtures.yaml")) else []
-
-
-def configured_captioner_ids(project: ProjectConfigResource) -> list[str]:
-    """Captioner ids from models.yaml (none when the file does not exist)."""
-    import os
-
-    if not os.path.isfile(project.models_path()):
-        return []
-    return project.models().captioner_ids()

@@ -11,7 +11,7 @@ from prx_assets.defs.enrichment import caption_quality, image_embeddings, recapt
 from prx_assets.defs.ingest import jpeg_q92_cycles, raw_batch_sensor, raw_images
 from prx_assets.resources.models import CaptionerResource, EmbedderResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
-from tests.conftest import write_folder_corpus, write_sources_yaml
+from tests.helpers import write_folder_corpus, write_sources_yaml
 
 ALL = [raw_images, jpeg_q92_cycles, recaptions, caption_quality, image_embeddings]
 

@@ -12,7 +12,7 @@ from prx_assets.defs.ingest import ingest_job, jpeg_q92_cycles, raw_batch_sensor
 from prx_assets.defs.partitions import raw_batches
 from prx_assets.defs.staleness import FINGERPRINT_KEY
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
-from tests.conftest import write_folder_corpus, write_sources_yaml
+from tests.helpers import write_folder_corpus, write_sources_yaml
 
 
 @pytest.fixture

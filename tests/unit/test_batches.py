@@ -20,7 +20,7 @@ from prx_assets.core.ingest.batches import (
 )
 from prx_assets.core.ingest.sources import Unit, reader_for
 from prx_assets.errors import PartitionKeyError
-from tests.conftest import write_folder_corpus
+from tests.helpers import write_folder_corpus
 
 
 def folder_source(path: Path, batch_size: int = 4) -> SourceConfig:

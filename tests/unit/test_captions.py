@@ -14,7 +14,7 @@ from prx_assets.core.models.captions import (
     load_captioner,
 )
 from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
-from tests.conftest import photo
+from tests.helpers import photo
 
 
 def mixed_images() -> list[Image.Image]:

@@ -22,7 +22,7 @@ from tests.unit.test_lab import DIM, add_captions, add_embeddings, build
 def lab(tmp_path: Path) -> tuple[DataRoot, dict[str, dict]]:
     folder = tmp_path / "photos"
     root = DataRoot(str(tmp_path / "root"))
-    from tests.conftest import write_folder_corpus
+    from tests.helpers import write_folder_corpus
 
     write_folder_corpus(folder, n=8, broken=False)
     shutil.copy(folder / "img_0_000.jpg", folder / "exact_copy.jpg")

@@ -17,7 +17,7 @@ from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddin
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner
 from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
-from tests.conftest import write_folder_corpus
+from tests.helpers import write_folder_corpus
 
 
 @pytest.fixture

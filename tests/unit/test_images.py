@@ -18,7 +18,7 @@ from prx_assets.core.ingest.images import (
     perceptual_hash,
     to_rgb,
 )
-from tests.conftest import encode, photo
+from tests.helpers import encode, photo
 
 S = IngestSettings()
 RED, GREEN, BLUE, WHITE = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)

@@ -13,7 +13,7 @@ from prx_assets.core.ingest.pipeline import ingest_batch
 from prx_assets.core.ingest.sources import reader_for
 from prx_assets.core.lab.schema import IMAGES_SCHEMA
 from prx_assets.core.lab.table import open_table
-from tests.conftest import write_folder_corpus
+from tests.helpers import write_folder_corpus
 
 
 def setup(tmp_path: Path, settings: IngestSettings | None = None,

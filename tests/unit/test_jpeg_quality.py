@@ -6,7 +6,7 @@ from PIL import Image
 
 from prx_assets.core.config.project import IngestSettings
 from prx_assets.core.ingest.jpeg_quality import cycle_curve, pick_sample, psnr, run_experiment
-from tests.conftest import photo
+from tests.helpers import photo
 
 S = IngestSettings()
 

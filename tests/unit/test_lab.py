@@ -19,7 +19,7 @@ from prx_assets.core.lab.query import QueryError, open_lab, query
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
 from prx_assets.core.lab.sync import PUBLISHED_TAG, caption_column, embedding_column, sync_lab
 from prx_assets.core.lab.table import open_or_create, table_uri
-from tests.conftest import write_folder_corpus
+from tests.helpers import write_folder_corpus
 
 DIM = 16
 

@@ -13,7 +13,7 @@ import pytest
 from prx_assets.core.config.project import SourceConfig
 from prx_assets.core.ingest.sources import reader_for
 from prx_assets.errors import ConfigError
-from tests.conftest import encode, photo, write_folder_corpus
+from tests.helpers import encode, photo, write_folder_corpus
 
 
 def src(kind: str, location: str, **kw: object) -> SourceConfig:

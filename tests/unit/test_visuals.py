@@ -8,8 +8,7 @@ from PIL import Image
 
 from prx_assets.core.visuals import bar_chart, contact_sheet, line_chart, md_image
 from prx_assets.defs.visual_metadata import resolution_bins
-
-from ..conftest import encode, photo
+from tests.helpers import encode, photo
 
 
 def _decode(markdown: str) -> Image.Image:
