@@ -9,7 +9,7 @@ export PRX_DATA_ROOT ?= $(CURDIR)/data
 export PRX_CONFIG_DIR ?= $(CURDIR)/config
 PORT ?= 3000
 
-.PHONY: venv demo test lint bench dev validate clean slurm-up slurm-down
+.PHONY: venv demo test test-fast lint bench dev validate clean slurm-up slurm-down
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,8 +32,13 @@ lint: venv
 validate: venv $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster definitions validate -m prx_assets.definitions
 
+# Everything, as CI runs it (SLURM, browser, PostgreSQL, S3 tiers included).
 test: venv lint
 	$(VENV)/bin/pytest -q -ra
+
+# Unit + asset tests (no external services): the loop while developing, a minute or two.
+test-fast: venv lint
+	$(VENV)/bin/pytest -q -ra -m "not slow"
 
 bench: venv
 	$(PY) -m bench

@@ -104,3 +104,25 @@ def models_env(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("PRX_EMBEDDER_MODEL", tiny_models["siglip"])
     monkeypatch.setenv("PRX_TEXT_ENCODER_MODEL", tiny_models["text"])
     return tiny_models
+
+
+#: Slow tiers by file: each runs real services (SLURM daemons, a browser, PostgreSQL, moto, dagster dev).
+_TIERS = {"test_training.py": "slurm", "test_ui.py": "browser", "test_postgres.py": "postgres",
+          "test_s3_pipeline.py": "s3", "test_concurrency.py": "s3", "test_cli.py": "pipeline",
+          "test_mixture.py": "pipeline"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests by tier: ``unit`` (core), ``assets`` (Dagster materialize), and ``slow`` plus the
+    service they need for the rest. ``make test-fast`` runs ``-m "not slow"``."""
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent.name == "unit":
+            item.add_marker(pytest.mark.unit)
+        elif path.parent.name == "defs":
+            item.add_marker(pytest.mark.assets)
+        else:
+            item.add_marker(pytest.mark.slow)
+            tier = _TIERS.get(path.name)
+            if tier:
+                item.add_marker(getattr(pytest.mark, tier))
