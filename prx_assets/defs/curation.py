@@ -3,7 +3,6 @@
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.curate.recipes import load_recipes
 from prx_assets.core.curate.selection import select
 from prx_assets.core.curate.subsets import write_subset
 from prx_assets.core.lab.query import open_lab
@@ -17,16 +16,19 @@ from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 CURATION_CODE_VERSION = "curation-1"
 
 
-def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
-    """Code version + recipe hash + the published lab version."""
-    from prx_assets.core.config.project import config_dir
+def curated_fingerprint_of(recipe_hash: str, lance_version: int) -> str:
+    """The one formula: code version + recipe hash + the lab version read."""
+    return digest(CURATION_CODE_VERSION, recipe_hash, lance_version)
 
-    recipe = load_recipes(config_dir() / "recipes.yaml").get(partition_key or "")
+
+def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """The fingerprint a run now would record: of the recipe and the published lab version."""
+    recipe = ctx.config().recipes().get(partition_key or "")
     try:
         version = open_lab(ctx.root, tag=PUBLISHED_TAG).version
     except Exception:  # no published lab yet: the partition cannot be up to date
         version = -1
-    return digest(CURATION_CODE_VERSION, recipe.recipe_hash(), version)
+    return curated_fingerprint_of(recipe.recipe_hash(), version)
 
 
 register_fingerprint("curated_subsets", curated_fingerprint)
@@ -68,7 +70,7 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     stored = write_subset(root, ds, recipe, subset)
     context.log.info(f"{recipe.name}: {len(subset.image_ids)} of {subset.total} images at Lance version "
                      f"{subset.version}; dropped {subset.dropped}")
-    fp = digest(CURATION_CODE_VERSION, recipe.recipe_hash(), subset.version)
+    fp = curated_fingerprint_of(recipe.recipe_hash(), subset.version)
     return dg.MaterializeResult(
         data_version=dg.DataVersion(stored.subset_id),
         metadata={

@@ -5,7 +5,7 @@ import json
 import dagster as dg
 
 from prx_assets.core import layout
-from prx_assets.core.publish.mixture import load_mixtures, resolve
+from prx_assets.core.publish.mixture import resolve
 from prx_assets.defs.partitions import mixture_partitions
 from prx_assets.defs.shards import mds_shards
 from prx_assets.defs.staleness import (
@@ -29,9 +29,7 @@ def _current_shard_set(instance: dg.DagsterInstance, recipe: str) -> str:
 
 def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """Code version + the mixture's streams + their current shard set ids."""
-    from prx_assets.core.config.project import config_dir
-
-    mix = load_mixtures(config_dir() / "mixtures.yaml")[partition_key or ""]
+    mix = ctx.config().mixtures()[partition_key or ""]
     ids = [latest_data_version(ctx.instance, "mds_shards", s.recipe) for s in mix.streams]
     return digest(MIXTURE_CODE_VERSION, repr(mix), ids)
 
@@ -82,6 +80,7 @@ def training_mixture(context: dg.AssetExecutionContext, storage: StorageResource
             "streams": dg.MetadataValue.md(table),
             "expected_samples_per_stream": dg.MetadataValue.json(spec["expected_samples_per_stream"]),
             FINGERPRINT_KEY: dg.MetadataValue.text(mixture_fingerprint(
-                FingerprintContext(root=root, sources=None, instance=context.instance), context.partition_key)),
+                FingerprintContext(root=root, sources=None, instance=context.instance, project=project),
+                context.partition_key)),
         },
     )

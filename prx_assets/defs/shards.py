@@ -41,9 +41,14 @@ class ShardConfig(dg.Config):
                                    "default: the trainer encodes captions on the fly.")
 
 
+def shards_fingerprint_of(subset_id: str) -> str:
+    """The one formula: code version + the subset written."""
+    return digest(SHARDS_CODE_VERSION, subset_id)
+
+
 def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
-    """Code version + the recipe's current subset id."""
-    return digest(SHARDS_CODE_VERSION, latest_data_version(ctx.instance, "curated_subsets", partition_key))
+    """The fingerprint a run now would record: of the recipe's current subset id."""
+    return shards_fingerprint_of(latest_data_version(ctx.instance, "curated_subsets", partition_key))
 
 
 register_fingerprint("mds_shards", shards_fingerprint)
@@ -111,7 +116,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
             "caption_columns": dg.MetadataValue.json(manifest["caption_plan"]),
             "columns": dg.MetadataValue.json(manifest["columns"]),
             "text_latents": dg.MetadataValue.json(manifest.get("text_latents") or {}),
-            FINGERPRINT_KEY: dg.MetadataValue.text(digest(SHARDS_CODE_VERSION, sid)),
+            FINGERPRINT_KEY: dg.MetadataValue.text(shards_fingerprint_of(sid)),
         },
     )
 

@@ -16,6 +16,7 @@ import dagster as dg
 from prx_assets.core.config.project import SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.models.config import ModelsConfig
+from prx_assets.resources.storage import ProjectConfigResource
 
 FINGERPRINT_KEY = "prx/fingerprint"
 #: In a run over several partitions (a batched backfill): JSON {partition key: fingerprint}.
@@ -30,6 +31,11 @@ class FingerprintContext:
     sources: SourcesConfig | None
     instance: dg.DagsterInstance | None = None
     models: ModelsConfig | None = None
+    project: ProjectConfigResource | None = None
+
+    def config(self) -> ProjectConfigResource:
+        """The config folder (the run's resource; by default ``$PRX_CONFIG_DIR``)."""
+        return self.project or ProjectConfigResource()
 
 
 FingerprintFn = Callable[[FingerprintContext, str | None], str]

@@ -54,9 +54,14 @@ def _latest_mixture(instance: dg.DagsterInstance, mixture: str) -> tuple[str, st
     return version, str(md.value) if md is not None else ""
 
 
+def training_fingerprint_of(mixture_version: str) -> str:
+    """The one formula: code version + the mixture version trained on (a new version means a new run)."""
+    return digest(TRAINING_CODE_VERSION, mixture_version)
+
+
 def training_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
-    """Code version + the mixture's current data version (a new mixture version means a new run)."""
-    return digest(TRAINING_CODE_VERSION, latest_data_version(ctx.instance, training_mixture.key, partition_key))
+    """The fingerprint a run now would record: of the mixture's current data version."""
+    return training_fingerprint_of(latest_data_version(ctx.instance, training_mixture.key, partition_key))
 
 
 register_fingerprint("training_run", training_fingerprint)
@@ -116,7 +121,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
             "spec_uri": dg.MetadataValue.path(spec_uri),
             "checkpoint_dir": dg.MetadataValue.path(ckpt_dir),
             "text_encoder": tower.model,
-            FINGERPRINT_KEY: dg.MetadataValue.text(digest(TRAINING_CODE_VERSION, version)),
+            FINGERPRINT_KEY: dg.MetadataValue.text(training_fingerprint_of(version)),
         },
         data_version=reported.data_version,
     )

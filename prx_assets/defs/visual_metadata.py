@@ -57,6 +57,17 @@ def resolution_bins(sizes: Sequence[tuple[int, int]]) -> dict[str, int]:
     return {label: counts[label] for _, _, label in edges if counts[label]}
 
 
+def by_aspect(counts: Mapping[str, int]) -> dict[str, int]:
+    """Bucket counts ordered from tallest to widest (``9:16`` ... ``16:9``), not as text."""
+    def ratio(label: str) -> tuple[float, str]:
+        try:
+            w, h = label.split(":")
+            return float(w) / float(h), label
+        except ValueError:  # not a ratio label: after the ratios, by name
+            return float("inf"), label
+    return {k: counts[k] for k in sorted(counts, key=ratio)}
+
+
 def batch_pictures(root: DataRoot, batch: str, rejects: Mapping[str, int]) -> dict[str, dg.MetadataValue]:
     """raw_images: a contact sheet of the batch, aspect-bucket, resolution and reject-reason charts."""
     def build() -> dict[str, dg.MetadataValue]:
@@ -69,7 +80,7 @@ def batch_pictures(root: DataRoot, batch: str, rejects: Mapping[str, int]) -> di
         sizes = list(zip(meta.column("width").to_pylist(), meta.column("height").to_pylist(), strict=True))
         out = {
             "contact_sheet": _sheet(sample, "original_caption", f"{batch}: {len(sample)} of {meta.num_rows} images"),
-            "aspect_bucket_histogram": chart(dict(sorted(Counter(meta.column("aspect_bucket").to_pylist()).items())),
+            "aspect_bucket_histogram": chart(by_aspect(Counter(meta.column("aspect_bucket").to_pylist())),
                                              "images per aspect bucket"),
             "resolution_histogram": chart(resolution_bins(sizes), "images per resolution"),
         }
@@ -124,7 +135,7 @@ def subset_pictures(lab: lance.LanceDataset, ids: Sequence[str], caption_column:
         sample = lab.to_table(columns=cols, filter=where_in("image_id", pick)
                               ).to_pylist()
         return {"contact_sheet": _sheet(sample, caption_column or "", f"{len(sample)} of {len(ids)} selected images"),
-                "aspect_bucket_histogram": chart(dict(sorted(buckets.items())), "selected images per aspect bucket"),
+                "aspect_bucket_histogram": chart(by_aspect(buckets), "selected images per aspect bucket"),
                 "dropped_by_rule_chart": chart(dict(dropped), "images dropped per rule")}
     except Exception as e:
         return {"contact_sheet": dg.MetadataValue.text(f"could not draw: {type(e).__name__}: {e}")}

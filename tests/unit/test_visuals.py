@@ -39,3 +39,10 @@ def test_charts_are_png_and_embed_as_markdown_images() -> None:
 def test_resolution_bins_are_ordered_and_complete() -> None:
     sizes = [(100, 100), (1000, 1000), (1000, 1000), (3000, 2000)]
     assert resolution_bins(sizes) == {"<0.25 MP": 1, "1-2 MP": 2, ">4 MP": 1}
+
+
+def test_aspect_buckets_are_ordered_by_ratio_not_text() -> None:
+    from prx_assets.defs.visual_metadata import by_aspect
+
+    got = by_aspect({"16:9": 1, "1:1": 2, "3:4": 3, "9:16": 4, "4:3": 5, "other": 6})
+    assert list(got) == ["9:16", "3:4", "1:1", "4:3", "16:9", "other"]
