@@ -1,6 +1,7 @@
 """Shard writing: the mds_shards code path vs a bare MDSWriter loop over the same rows, and
 read-back samples/s through StreamingDataset + DataLoader (2 workers) with JPEG decode."""
 
+import dataclasses
 import io
 import os
 import shutil
@@ -23,6 +24,7 @@ from prx_assets.core.ingest.pipeline import ingest_batch
 from prx_assets.core.ingest.sources import reader_for
 from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
 from prx_assets.core.lab.table import table_uri
+from prx_assets.core.manifests import SubsetManifest
 from prx_assets.core.publish.shards import ShardSettings, open_stream, write_shard_set
 
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
@@ -69,7 +71,8 @@ def run() -> dict[str, Any]:
     ds = lance.dataset(table_uri(root, "images"))
     ids = sorted(ds.to_table(columns=["image_id"]).column(0).to_pylist())
     n = len(ids)
-    subset = {"subset_id": "bench", "caption_columns": [], "lance_uri": ds.uri, "lance_version": ds.version}
+    subset = SubsetManifest(subset_id="bench", recipe="bench", recipe_hash="", lance_uri=ds.uri,
+                            lance_version=ds.version, ids="", selected=n)
     times: dict[str, list[float]] = {"bare": [], "ours_1": []}
     last_uri = ""
     bare_writer(ds, str(tmp / "bare_warm"))  # warm the page cache and imports for both sides
@@ -80,10 +83,10 @@ def run() -> dict[str, Any]:
         for w in (1,):
             recipe = Recipe(name=f"r{r}w{w}", dedup=Dedup(exact=False))
             t = time.perf_counter()
-            man = write_shard_set(root, ds, recipe, {**subset, "subset_id": f"bench{r}{w}"}, ids, [],
+            man = write_shard_set(root, ds, recipe, dataclasses.replace(subset, subset_id=f"bench{r}{w}"), ids, [],
                                   ShardSettings(workers=w))
             times[f"ours_{w}"].append(time.perf_counter() - t)
-            last_uri = man["uri"]
+            last_uri = man.uri
     med = {k: statistics.median(v) for k, v in times.items()}
     # read-back with JPEG decode, 2 spawn workers
     loader = torch.utils.data.DataLoader(open_stream(last_uri, batch_size=32), batch_size=32, num_workers=2,

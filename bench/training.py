@@ -15,16 +15,18 @@ Profiles (``PRX_BENCH_TRAIN_PROFILE``):
   with 128 caption tokens, random weights (honest throughput); for a lent GPU.
 """
 
-import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from prx_assets.core.manifests import MixtureSpec
 
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
 PROFILE = os.environ.get("PRX_BENCH_TRAIN_PROFILE", "cpu")
@@ -61,13 +63,14 @@ def build_text_encoder(path: Path, p: dict[str, Any]) -> Path:
     return path
 
 
-def build_shards(out: Path, encoder_path: Path, p: dict[str, Any]) -> dict[str, Any]:
+def build_shards(out: Path, encoder_path: Path, p: dict[str, Any]) -> "MixtureSpec":
     """An MDS shard set with captions and precomputed latents; returns a one-stream mixture spec."""
     from streaming import MDSWriter
 
     from prx_assets.core.demo.corpus import make_scene
     from prx_assets.core.ingest.images import aspect_bucket
     from prx_assets.core.lab.schema import MDS_BASE_COLUMNS
+    from prx_assets.core.manifests import MixtureSpec, MixtureStream
     from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
 
     rng = np.random.default_rng(0)
@@ -93,11 +96,10 @@ def build_shards(out: Path, encoder_path: Path, p: dict[str, Any]) -> dict[str, 
                          "width": width, "height": height, "original_width": width, "original_height": height,
                          "aspect_bucket": aspect_bucket(width, height, buckets), "caption": caps[i],
                          latent_column("caption", "bench"): lat[i], mask_column("caption", "bench"): mask[i]})
-    return {"name": "bench", "mixture_version": "bench", "epoch_size": p["samples"],
-            "expected_samples_per_stream": {"bench": p["samples"]},
-            "streams": [{"recipe": "bench", "uri": str(out), "samples": p["samples"], "proportion": 1.0,
-                         "repeat": None, "choose": None, "shard_set_id": "bench",
-                         "caption_plan": {"mode": "first_available", "weights": {"caption": 1.0}}}]}
+    stream = MixtureStream(recipe="bench", shard_set_id="bench", uri=str(out), samples=p["samples"], proportion=1.0,
+                           caption_plan={"mode": "first_available", "weights": {"caption": 1.0}})
+    return MixtureSpec(name="bench", epoch_size=p["samples"], streams=(stream,),
+                       expected_samples_per_stream={"bench": p["samples"]}).versioned()
 
 
 def run_mode(spec_path: Path, encoder: Path, p: dict[str, Any], precomputed: bool, out: Path) -> dict[str, Any]:
@@ -121,7 +123,7 @@ def run() -> dict[str, Any]:
         encoder = build_text_encoder(tmp / "text-encoder", p)
         spec = build_shards(tmp / "shards", encoder, p)
         spec_path = tmp / "spec.json"
-        spec_path.write_text(json.dumps(spec))
+        spec_path.write_bytes(spec.to_json())
         fly, pre, share = [], [], []
         same = True
         for r in range(ROUNDS):

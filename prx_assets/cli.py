@@ -600,9 +600,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def quiet_known_warnings() -> None:
+    """Hide warnings about Dagster features this project uses knowingly, for the command's own output.
+
+    Set when the command starts (not at import): a library importing prx_assets keeps its own filters.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    warnings.filterwarnings("ignore", message="Asset job .* materializes assets with varying BackfillPolicies")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``prx-assets`` console script."""
     args = build_parser().parse_args(argv)
+    quiet_known_warnings()
     try:
         rc = int(args.fn(args))
         sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit

@@ -46,3 +46,7 @@ class StorageError(PrxError):
 
 class PartitionKeyError(PrxError):
     """A partition key does not name an existing ingest batch or is malformed."""
+
+
+class SlurmError(PrxError):
+    """A job cannot be rendered, submitted or followed."""

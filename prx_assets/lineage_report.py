@@ -15,7 +15,9 @@ import dagster as dg
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lineage import mixture_lineage, read_json, shard_set_lineage
+from prx_assets.core.lineage import mixture_lineage, read_mixture_spec, read_shard_set, shard_set_lineage
+from prx_assets.core.manifests import ManifestError, ShardSetManifest
+from prx_assets.core.publish.shards import read_shard_set_manifest
 from prx_assets.defs.staleness import latest_materialization as _latest
 from prx_assets.errors import PrxError
 
@@ -74,17 +76,15 @@ def _enrich_shard_set(instance: dg.DagsterInstance, ss: dict[str, Any]) -> dict[
     return ss
 
 
-def _find_shard_set(instance: dg.DagsterInstance, root: DataRoot, target: str) -> dict[str, Any] | None:
+def _find_shard_set(instance: dg.DagsterInstance, root: DataRoot, target: str) -> ShardSetManifest | None:
     if target.endswith(layout.SHARD_SET_MANIFEST) or "/" in target:
-        uri = layout.manifest_of(target)
         try:
-            return read_json(uri, root)
-        except (OSError, ValueError):
+            return read_shard_set(target, root)
+        except (OSError, ManifestError):
             return None
     for recipe in instance.get_dynamic_partitions("recipes"):
-        rel = layout.shard_set_manifest(recipe, target)
-        if root.exists(rel):
-            return read_json(root.join(rel), root)
+        if root.exists(layout.shard_set_manifest(recipe, target)):
+            return read_shard_set_manifest(root, recipe, target)
     return None
 
 
@@ -123,15 +123,15 @@ def lineage_for(instance: dg.DagsterInstance, root: DataRoot, target: str) -> di
     if found is not None:
         mat, run_id = found
         md = {k: v.value for k, v in mat.metadata.items()}
-        spec = read_json(str(md["spec_uri"]), root)
+        spec = read_mixture_spec(str(md["spec_uri"]), root)
         mixture = mixture_lineage(root, spec)
         for s in mixture["streams"]:
             _enrich_shard_set(instance, s["shard_set"])
-        mixture_mat = _mat_with_version(instance, "training_mixture", spec["name"], spec["mixture_version"])
+        mixture_mat = _mat_with_version(instance, "training_mixture", spec.name, spec.mixture_version)
         mixture["code_version"] = _code_version(mixture_mat)
         training = {k: md.get(k) for k in ("job_mode", "job_id", "steps", "loss_first", "loss_last",
                                            "samples_per_second", "mode", "text_encoder", "checkpoint")}
-        training.update({"dagster_run_id": run_id, "mixture": spec["name"],
+        training.update({"dagster_run_id": run_id, "mixture": spec.name,
                          "data_version": mat.tags.get("dagster/data_version"), "code_version": _code_version(mat)})
         return {"training": training, "mixture": mixture}
     manifest = _find_shard_set(instance, root, target)

@@ -136,13 +136,13 @@ def test_curated_subsets_are_pinned_tagged_and_reproducible(small_demo: Path,
     version = md["lance_version"].value
     assert rec.tags["dagster/data_version"] == sid == subset_id(version, recipes.get("demo_all"))
     manifest, ids = read_subset(root, "demo_all", sid)
-    assert manifest["lance_version"] == version and len(ids) == md["dagster/row_count"].value > 0
-    assert manifest["dropped"]["min_resolution"] >= 0 and "dedup_exact" in manifest["dropped"]
+    assert manifest.lance_version == version and len(ids) == md["dagster/row_count"].value > 0
+    assert manifest.dropped["min_resolution"] >= 0 and "dedup_exact" in manifest.dropped
     assert "data:image/jpeg;base64," in md["contact_sheet"].value  # thumbnails of selected images
     assert all("data:image/png;base64," in md[k].value for k in ("aspect_bucket_histogram", "dropped_by_rule_chart"))
-    ds = lance.dataset(manifest["lance_uri"])
-    assert ds.tags.list()[manifest["lance_tag"]]["version"] == version
-    again = select(lance.dataset(manifest["lance_uri"], version=version), recipes.get("demo_all"),
+    ds = lance.dataset(manifest.lance_uri)
+    assert ds.tags.list()[manifest.lance_tag]["version"] == version
+    again = select(lance.dataset(manifest.lance_uri, version=version), recipes.get("demo_all"),
                    known_captioner_ids=load_models(small_demo / "models.yaml").captioner_ids())
     assert again.image_ids == ids
     capped = read_subset(root, "demo_square_ish", instance_subset_id(small_demo, "demo_square_ish"))[1]

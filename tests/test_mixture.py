@@ -12,6 +12,7 @@ from prx_assets.cli import main
 from prx_assets.core.config.project import data_root
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.demo.corpus import generate_demo_corpus
+from prx_assets.core.manifests import MixtureSpec
 from prx_assets.core.publish.mixture import load_mixtures, streaming_kwargs
 from prx_assets.errors import ConfigError
 
@@ -56,7 +57,7 @@ def test_mixture_epoch_composition_matches_proportions(project: Path, capsys: py
     assert spec["expected_samples_per_stream"] == {"photos_only": 300, "catalog_only": 100}
     assert rec.tags["dagster/data_version"] == spec["mixture_version"]
     clean_stale_shared_memory()
-    ds = StreamingDataset(**streaming_kwargs(spec), shuffle=True, shuffle_seed=7, batch_size=8)
+    ds = StreamingDataset(**streaming_kwargs(MixtureSpec.from_dict(spec)), shuffle=True, shuffle_seed=7, batch_size=8)
     counts = Counter(s["source"] for s in ds)
     assert sum(counts.values()) == 400
     assert abs(counts["photos"] - 300) <= 20 and abs(counts["catalog"] - 100) <= 20

@@ -11,7 +11,6 @@ of every image. Code versions come from the Dagster materializations (see the CL
 from __future__ import annotations
 
 import io
-import json
 from collections import Counter
 from typing import Any
 
@@ -21,7 +20,9 @@ import pyarrow.parquet as pq
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.subsets import read_subset_manifest
 from prx_assets.core.lab.sql import open_pinned
+from prx_assets.core.manifests import MixtureSpec, ShardSetManifest, SubsetManifest
 
 
 def read_uri(uri: str, root: DataRoot) -> bytes:
@@ -30,14 +31,20 @@ def read_uri(uri: str, root: DataRoot) -> bytes:
     return DataRoot(base or "/", root.settings).read_bytes(name)
 
 
-def read_json(uri: str, root: DataRoot) -> dict[str, Any]:
-    """A JSON document by absolute path or URI (local or ``s3://``)."""
-    return json.loads(read_uri(uri, root))
+def read_shard_set(uri: str, root: DataRoot) -> ShardSetManifest:
+    """A shard set's manifest by folder, ``manifest.json`` path or URI (local or ``s3://``)."""
+    path = layout.manifest_of(uri)
+    return ShardSetManifest.from_json(read_uri(path, root), path)
 
 
-def sources_of_subset(root: DataRoot, subset: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def read_mixture_spec(uri: str, root: DataRoot) -> MixtureSpec:
+    """A mixture spec by absolute path or URI (local or ``s3://``)."""
+    return MixtureSpec.from_json(read_uri(uri, root), uri)
+
+
+def sources_of_subset(root: DataRoot, subset: SubsetManifest) -> dict[str, dict[str, Any]]:
     """Per source: images in the subset and the ingest batches they came from (at the pinned version)."""
-    ids = pq.read_table(io.BytesIO(read_uri(subset["ids"], root))).column("image_id")
+    ids = pq.read_table(io.BytesIO(read_uri(subset.ids, root))).column("image_id")
     ds = open_pinned(subset, root.storage_options())
     t = ds.to_table(columns=["image_id", "source", "batch", "uri"])
     t = t.filter(pc.is_in(t.column("image_id"), value_set=pa.array(ids.to_pylist(), pa.string())))
@@ -55,34 +62,33 @@ def sources_of_subset(root: DataRoot, subset: dict[str, Any]) -> dict[str, dict[
     return out
 
 
-def shard_set_lineage(root: DataRoot, manifest: dict[str, Any]) -> dict[str, Any]:
+def shard_set_lineage(root: DataRoot, manifest: ShardSetManifest) -> dict[str, Any]:
     """A shard set's chain: subset, Lance version, captioners, sources and batches."""
-    subset = json.loads(root.read_bytes(layout.subset_manifest(manifest["recipe"], manifest["subset_id"])))
+    subset = read_subset_manifest(root, manifest.recipe, manifest.subset_id)
     return {
-        "shard_set_id": manifest["shard_set_id"], "uri": manifest["uri"], "samples": manifest["samples"],
-        "shards": manifest["shards"], "code_version": manifest.get("code_version"),
-        "text_latents": (manifest.get("text_latents") or {}).get("tower"),
-        "dagster_run_id": manifest.get("dagster_run_id"),
-        "recipe": manifest["recipe"], "recipe_hash": manifest["recipe_hash"],
-        "subset": {"subset_id": subset["subset_id"], "selected": subset["selected"], "total": subset["total"],
-                   "dropped": subset.get("dropped", {}), "uri": subset["ids"].rpartition("/")[0]},
-        "lance": {"uri": manifest["lance_uri"], "version": manifest["lance_version"], "tag": manifest.get("lance_tag")},
-        "captioner_ids": manifest.get("captioner_ids", []),
-        "caption_columns": sorted((manifest.get("caption_plan") or {}).get("columns", {})),
+        "shard_set_id": manifest.shard_set_id, "uri": manifest.uri, "samples": manifest.samples,
+        "shards": manifest.shards, "code_version": manifest.code_version or None,
+        "text_latents": (manifest.text_latents or {}).get("tower"),
+        "dagster_run_id": manifest.extra.get("dagster_run_id"),
+        "recipe": manifest.recipe, "recipe_hash": manifest.recipe_hash,
+        "subset": {"subset_id": subset.subset_id, "selected": subset.selected, "total": subset.total,
+                   "dropped": subset.dropped, "uri": subset.ids.rpartition("/")[0]},
+        "lance": {"uri": manifest.lance_uri, "version": manifest.lance_version, "tag": manifest.lance_tag},
+        "captioner_ids": list(manifest.captioner_ids),
+        "caption_columns": sorted((manifest.caption_plan or {}).get("columns", {})),
         "sources": sources_of_subset(root, subset),
     }
 
 
-def mixture_lineage(root: DataRoot, spec: dict[str, Any]) -> dict[str, Any]:
+def mixture_lineage(root: DataRoot, spec: MixtureSpec) -> dict[str, Any]:
     """A mixture spec's chain: each stream's weighting and shard-set lineage."""
     streams = []
-    for s in spec["streams"]:
-        manifest = read_json(layout.manifest_of(s["uri"]), root)
-        weighting = {k: s[k] for k in ("proportion", "repeat", "choose") if s.get(k) is not None}
-        streams.append({"recipe": s["recipe"], "weighting": weighting,
-                        "expected_per_epoch": spec["expected_samples_per_stream"].get(s["recipe"]),
-                        "shard_set": shard_set_lineage(root, manifest)})
-    return {"name": spec["name"], "mixture_version": spec["mixture_version"], "epoch_size": spec["epoch_size"],
+    for s in spec.streams:
+        weighting = {k: getattr(s, k) for k in ("proportion", "repeat", "choose") if getattr(s, k) is not None}
+        streams.append({"recipe": s.recipe, "weighting": weighting,
+                        "expected_per_epoch": spec.expected_samples_per_stream.get(s.recipe),
+                        "shard_set": shard_set_lineage(root, read_shard_set(s.uri, root))})
+    return {"name": spec.name, "mixture_version": spec.mixture_version, "epoch_size": spec.epoch_size,
             "streams": streams}
 
 

@@ -1,6 +1,5 @@
 """recaptions and image_embeddings: per-image model outputs for each ingest batch."""
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -207,10 +206,8 @@ def caption_quality(context: dg.AssetCheckExecutionContext, storage: StorageReso
     )
 
 
-warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
 # Jobs over several assets (the implicit asset job, `prx-assets run`) mix this policy with the
 # default one on purpose; Dagster then uses one partition per run for such jobs.
-warnings.filterwarnings("ignore", message="Asset job .* materializes assets with varying BackfillPolicies")
 
 #: Partitions per run in a backfill of image_embeddings: the embedder loads once per run
 #: instead of once per partition, and Dagster starts one run process per 8 batches.

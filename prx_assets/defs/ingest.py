@@ -2,7 +2,6 @@
 
 
 import json
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -140,9 +139,6 @@ def raw_images(context: dg.AssetExecutionContext, storage: StorageResource,
                                 data_version=dg.DataVersion(version))
 
 
-# Partitioned asset checks are a Dagster preview feature; we rely on them knowingly.
-warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
-                        category=dg.PreviewWarning)
 
 
 @dg.asset_check(asset=raw_images, partitions_def=raw_batches, blocking=True)

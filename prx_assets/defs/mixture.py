@@ -1,11 +1,12 @@
 """training_mixture: streams and proportions over the current shard sets, one partition per mixture."""
 
-import json
 
 import dagster as dg
 
 from prx_assets.core import layout
+from prx_assets.core.manifests import ShardSetManifest
 from prx_assets.core.publish.mixture import resolve
+from prx_assets.core.publish.shards import read_shard_set_manifest
 from prx_assets.defs.partitions import mixture_partitions
 from prx_assets.defs.shards import mds_shards
 from prx_assets.defs.staleness import (
@@ -37,13 +38,6 @@ def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> s
 register_fingerprint("training_mixture", mixture_fingerprint)
 
 
-def _weighting(stream: dict) -> str:
-    for key in ("proportion", "repeat", "choose"):
-        if stream.get(key) is not None:
-            return f"{key} {stream[key]}"
-    return "all samples"
-
-
 @dg.asset(
     partitions_def=mixture_partitions,
     deps=[dg.AssetDep(mds_shards, partition_mapping=dg.AllPartitionMapping())],
@@ -61,24 +55,23 @@ def training_mixture(context: dg.AssetExecutionContext, storage: StorageResource
     root = storage.root()
     mix = project.mixtures(known_recipes=[r.name for r in project.recipes().recipes])[context.partition_key]
 
-    def manifest(recipe: str) -> dict:
-        set_id = _current_shard_set(context.instance, recipe)
-        return json.loads(root.read_bytes(layout.shard_set_manifest(recipe, set_id)))
+    def manifest(recipe: str) -> ShardSetManifest:
+        return read_shard_set_manifest(root, recipe, _current_shard_set(context.instance, recipe))
 
     spec = resolve(mix, manifest)
-    rel = layout.mixture_spec(mix.name, spec["mixture_version"])
-    root.write_bytes(rel, json.dumps(spec, indent=1, sort_keys=True).encode())
+    rel = layout.mixture_spec(mix.name, spec.mixture_version)
+    root.write_bytes(rel, spec.to_json())
     table = "\n".join(["| stream | shard set | samples | weighting | expected per epoch |", "|---|---|---|---|---|"] +
-                      [f"| {s['recipe']} | {s['shard_set_id']} | {s['samples']} | {_weighting(s)} | "
-                       f"{spec['expected_samples_per_stream'][s['recipe']]} |" for s in spec["streams"]])
+                      [f"| {s.recipe} | {s.shard_set_id} | {s.samples} | {s.weighting()} | "
+                       f"{spec.expected_samples_per_stream[s.recipe]} |" for s in spec.streams])
     return dg.MaterializeResult(
-        data_version=dg.DataVersion(spec["mixture_version"]),
+        data_version=dg.DataVersion(spec.mixture_version),
         metadata={
             "spec_uri": dg.MetadataValue.path(root.join(rel)),
-            "mixture_version": spec["mixture_version"],
-            "epoch_size": spec["epoch_size"],
+            "mixture_version": spec.mixture_version,
+            "epoch_size": spec.epoch_size,
             "streams": dg.MetadataValue.md(table),
-            "expected_samples_per_stream": dg.MetadataValue.json(spec["expected_samples_per_stream"]),
+            "expected_samples_per_stream": dg.MetadataValue.json(spec.expected_samples_per_stream),
             FINGERPRINT_KEY: dg.MetadataValue.text(mixture_fingerprint(
                 FingerprintContext(root=root, sources=None, instance=context.instance, project=project),
                 context.partition_key)),

@@ -1,6 +1,5 @@
 """mds_shards: one immutable MDS shard set per recipe, verified by reading it back."""
 
-import json
 
 import dagster as dg
 from pydantic import Field
@@ -11,6 +10,7 @@ from prx_assets.core.lab.sql import open_pinned
 from prx_assets.core.publish.shards import (
     SHARDS_CODE_VERSION,
     ShardSettings,
+    read_shard_set_manifest,
     verify_shard_set,
     write_shard_set,
 )
@@ -96,26 +96,25 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
                              text_tower=models.text_encoder if config.precomputed_latents else None)
     manifest = write_shard_set(root, lab, recipe, subset_manifest, ids, models.captioner_ids(),
                                settings, lineage={"dagster_run_id": context.run.run_id})
-    context.log.info(f"{recipe.name}: {manifest['samples']} samples in {manifest['shards']} shards at "
-                     f"{manifest['uri']}")
-    version = manifest["shard_set_id"]
+    context.log.info(f"{recipe.name}: {manifest.samples} samples in {manifest.shards} shards at {manifest.uri}")
+    version = manifest.shard_set_id
     if previous_data_version(context) == version:
         context.log.info("shard set already published; reusing it")
     return dg.MaterializeResult(
         data_version=dg.DataVersion(version),
         metadata={
-            "dagster/row_count": dg.MetadataValue.int(manifest["samples"]),
+            "dagster/row_count": dg.MetadataValue.int(manifest.samples),
             "shard_set_id": version,
-            "uri": dg.MetadataValue.path(manifest["uri"]),
-            "manifest": dg.MetadataValue.path(layout.manifest_of(manifest["uri"])),
-            "shards": manifest["shards"],
-            "bytes": manifest["bytes"],
-            "lance_version": manifest["lance_version"],
-            "subset_id": manifest["subset_id"],
-            "captioner_ids": dg.MetadataValue.json(manifest["captioner_ids"]),
-            "caption_columns": dg.MetadataValue.json(manifest["caption_plan"]),
-            "columns": dg.MetadataValue.json(manifest["columns"]),
-            "text_latents": dg.MetadataValue.json(manifest.get("text_latents") or {}),
+            "uri": dg.MetadataValue.path(manifest.uri),
+            "manifest": dg.MetadataValue.path(layout.manifest_of(manifest.uri)),
+            "shards": manifest.shards,
+            "bytes": manifest.bytes,
+            "lance_version": manifest.lance_version,
+            "subset_id": manifest.subset_id,
+            "captioner_ids": dg.MetadataValue.json(list(manifest.captioner_ids)),
+            "caption_columns": dg.MetadataValue.json(manifest.caption_plan),
+            "columns": dg.MetadataValue.json(manifest.columns),
+            "text_latents": dg.MetadataValue.json(manifest.text_latents or {}),
             FINGERPRINT_KEY: dg.MetadataValue.text(shards_fingerprint_of(sid)),
         },
     )
@@ -129,7 +128,7 @@ def mds_readback(context: dg.AssetCheckExecutionContext, storage: StorageResourc
     if not set_id:
         return dg.AssetCheckResult(passed=False, description="mds_shards has no materialization")
     root = storage.root()
-    manifest = json.loads(root.read_bytes(layout.shard_set_manifest(context.partition_key, set_id)))
+    manifest = read_shard_set_manifest(root, context.partition_key, set_id)
     lab = open_pinned(manifest, root.storage_options())
     v = verify_shard_set(manifest, lab)
     return dg.AssetCheckResult(

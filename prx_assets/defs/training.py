@@ -7,6 +7,7 @@ import dagster as dg
 from pydantic import Field
 
 from prx_assets.core import layout
+from prx_assets.core.jobs.render import job_name_for
 from prx_assets.defs.mixture import training_mixture
 from prx_assets.defs.partitions import mixture_partitions
 from prx_assets.defs.staleness import (
@@ -17,8 +18,9 @@ from prx_assets.defs.staleness import (
     latest_materialization,
     register_fingerprint,
 )
-from prx_assets.resources.slurm import SlurmResource, job_name_for
+from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+from prx_assets.training.args import DEFAULTS, TrainerArgs
 
 TRAINING_CODE_VERSION = "train-1"
 TRAINER_MODULE = "prx_assets.training.train"
@@ -27,19 +29,19 @@ TRAINER_MODULE = "prx_assets.training.train"
 class TrainingConfig(dg.Config):
     """Trainer settings for one run (the model and data come from the mixture and models.yaml)."""
 
-    steps: int = Field(default=40, description="Optimizer steps.")
-    batch_size: int = Field(default=8, description="Samples per batch per rank (one aspect bucket per batch).")
-    resolution: int = Field(default=32, description="Side of a square bucket in pixels (others keep the area).")
-    dim: int = Field(default=128, description="Transformer width.")
-    depth: int = Field(default=4, description="Transformer blocks.")
-    heads: int = Field(default=4, description="Attention heads.")
-    lr: float = Field(default=1e-3, description="AdamW learning rate.")
-    seed: int = Field(default=0, description="Seed (model init, shuffling, caption choice).")
-    workers: int = Field(default=1, description="DataLoader workers per rank.")
+    steps: int = Field(default=DEFAULTS.steps, description="Optimizer steps.")
+    batch_size: int = Field(default=DEFAULTS.batch_size, description="Samples per batch per rank (one aspect bucket per batch).")
+    resolution: int = Field(default=DEFAULTS.resolution, description="Side of a square bucket in pixels (others keep the area).")
+    dim: int = Field(default=DEFAULTS.dim, description="Transformer width.")
+    depth: int = Field(default=DEFAULTS.depth, description="Transformer blocks.")
+    heads: int = Field(default=DEFAULTS.heads, description="Attention heads.")
+    lr: float = Field(default=DEFAULTS.lr, description="AdamW learning rate.")
+    seed: int = Field(default=DEFAULTS.seed, description="Seed (model init, shuffling, caption choice).")
+    workers: int = Field(default=DEFAULTS.workers, description="DataLoader workers per rank.")
     precomputed_latents: bool = Field(
         default=False, description="Read text latents from the shards (written by mds_shards with "
                                    "precomputed_latents) instead of encoding captions on the fly.")
-    checkpoint_every: int = Field(default=0, description="Checkpoint every N steps (0: only the final one).")
+    checkpoint_every: int = Field(default=DEFAULTS.checkpoint_every, description="Checkpoint every N steps (0: only the final one).")
     checkpoint_root: str | None = Field(
         default=None, description="Shared folder for checkpoints (default <data root>/training for a local data "
                                   "root, else <SLURM shared dir>/checkpoints).")
@@ -100,13 +102,13 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
     base = config.checkpoint_root or (root.join(layout.TRAINING_DIR) if not root.remote else
                                       str(slurm.jobs_dir() / "checkpoints"))
     ckpt_dir = f"{base.rstrip('/')}/{mixture}/{version}/{context.run.run_id[:8]}"
-    args = ["--spec", spec_uri, "--steps", str(config.steps), "--batch-size", str(config.batch_size),
-            "--resolution", str(config.resolution), "--dim", str(config.dim), "--depth", str(config.depth),
-            "--heads", str(config.heads), "--lr", str(config.lr), "--seed", str(config.seed),
-            "--workers", str(config.workers), "--checkpoint-dir", ckpt_dir,
-            "--checkpoint-every", str(config.checkpoint_every), "--text-tower", tower.tower(),
-            "--max-text-length", str(tower.max_length), "--text-layer", str(tower.layer)]
-    args += ["--precomputed-latents"] if config.precomputed_latents else ["--text-encoder", tower.model]
+    args = TrainerArgs(
+        spec=spec_uri, steps=config.steps, batch_size=config.batch_size, resolution=config.resolution,
+        dim=config.dim, depth=config.depth, heads=config.heads, lr=config.lr, seed=config.seed,
+        workers=config.workers, checkpoint_dir=ckpt_dir, checkpoint_every=config.checkpoint_every,
+        text_tower=tower.tower(), max_text_length=tower.max_length, text_layer=tower.layer,
+        precomputed_latents=config.precomputed_latents,
+        text_encoder=None if config.precomputed_latents else tower.model).to_argv()
     context.log.info(f"trainer: python -m {TRAINER_MODULE} {shlex.join(args)}")
     invocation = slurm.pipes_client().run(
         context=context, module=TRAINER_MODULE, args=args, job_name=job_name_for("train", mixture),

@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image
 from streaming import StreamingDataset
 
+from prx_assets.core.manifests import MixtureSpec
 from prx_assets.core.models.text_encoder import latent_column, mask_column
 
 
@@ -105,18 +106,18 @@ def _weights_from_sample(raw: dict[str, Any]) -> dict[str, float]:
     return {k: 1.0 for k in keys}
 
 
-def caption_plans(spec: dict[str, Any]) -> tuple[dict[str, float], ...]:
+def caption_plans(spec: MixtureSpec) -> tuple[dict[str, float], ...]:
     """The streams' caption weights, most keys first: a sample uses the first plan whose
     caption columns it has (a sample carries exactly its stream's caption columns)."""
     plans = []
-    for s in spec["streams"]:
-        w = {k: float(v) for k, v in ((s.get("caption_plan") or {}).get("weights") or {}).items()}
+    for s in spec.streams:
+        w = {k: float(v) for k, v in ((s.caption_plan or {}).get("weights") or {}).items()}
         if w and w not in plans:
             plans.append(w)
     return tuple(sorted(plans, key=lambda w: -len(w)))
 
 
-def build_dataset(spec: dict[str, Any], *, batch_size: int, resolution: int, multiple: int, seed: int,
+def build_dataset(spec: MixtureSpec, *, batch_size: int, resolution: int, multiple: int, seed: int,
                   caption_seed: int, tower: str | None, cache_root: str | None = None,
                   shuffle: bool = True, min_epoch_size: int = 0) -> MixtureDataset:
     """A :class:`MixtureDataset` over the spec's streams (local folders or ``s3://``).

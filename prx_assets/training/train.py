@@ -12,7 +12,6 @@ the job was started by Dagster; without Pipes it prints the same to stdout.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -24,6 +23,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from prx_assets.core.manifests import MixtureSpec
+from prx_assets.training.args import TrainerArgs
 
 LOSS_WINDOW = 5
 
@@ -42,53 +44,19 @@ class _Stdout:
         print(json.dumps({"materialization": metadata, "data_version": data_version}, default=str), flush=True)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options (see ``--help``)."""
-    p = argparse.ArgumentParser(prog="prx_assets.training.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--spec", required=True, help="mixture spec JSON (local path or s3://)")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=8, help="per rank")
-    p.add_argument("--resolution", type=int, default=32, help="bucket side for a square image, pixels")
-    p.add_argument("--patch", type=int, default=4)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--caption-seed", type=int, default=0, help="seed of the per-sample caption choice")
-    p.add_argument("--text-encoder", help="text encoder: hub id or folder (on-the-fly mode)")
-    p.add_argument("--text-tower", help="tower name (default: from the encoder folder name)")
-    p.add_argument("--max-text-length", type=int, default=32)
-    p.add_argument("--text-layer", type=int, default=-1)
-    p.add_argument("--precomputed-latents", action="store_true",
-                   help="read latent_{caption}_{tower} from the shards instead of encoding captions")
-    p.add_argument("--checkpoint-dir", help="folder for step_*.pt / last.pt (shared filesystem)")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="0: only at the end")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--warmup-steps", type=int, default=3, help="steps excluded from samples/s")
-    p.add_argument("--cache-root", help="local cache for remote (s3://) streams")
-    p.add_argument("--record-samples", help="write the (image_id, caption_key) of every step here (JSON)")
-    p.add_argument("--metrics-json", help="also write the final metrics here")
-    args = p.parse_args(argv)
-    if not args.precomputed_latents and not args.text_encoder:
-        p.error("--text-encoder is required unless --precomputed-latents is given")
-    if args.precomputed_latents and not args.text_tower:
-        p.error("--precomputed-latents needs --text-tower (the tower name in the shards' latent columns)")
-    if args.steps < 1 or args.batch_size < 1:
-        p.error("--steps and --batch-size must be >= 1")
-    return args
+def parse_args(argv: list[str] | None = None) -> TrainerArgs:
+    """Command-line options (see ``--help``; defined once, in :mod:`prx_assets.training.args`)."""
+    return TrainerArgs.from_argv(argv)
 
 
-def read_spec(uri: str) -> dict[str, Any]:
+def read_spec(uri: str) -> MixtureSpec:
     """The mixture spec from a local path or ``s3://``."""
     if uri.startswith("s3://"):
         from prx_assets.core.config.storage import DataRoot
 
         root, _, name = uri.rpartition("/")
-        return json.loads(DataRoot(root).read_bytes(name))
-    return json.loads(Path(uri).read_text())
+        return MixtureSpec.from_json(DataRoot(root).read_bytes(name), uri)
+    return MixtureSpec.from_json(Path(uri).read_bytes(), uri)
 
 
 def _pipes(rank: int) -> Any:
@@ -117,7 +85,7 @@ def _loader(dataset: Any, workers: int) -> Iterator[dict[str, Any]]:
             raise RuntimeError("the mixture yielded no samples; check the spec's shard sets")
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
+def train(args: TrainerArgs) -> dict[str, Any]:
     """Run training; return the final metrics (rank 0) or {} (other ranks)."""
     import numpy as np
     import torch
@@ -151,7 +119,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             tower = encoder.spec.tower()
         mode = "precomputed" if args.precomputed_latents else "on_the_fly"
         cache_root = args.cache_root
-        if cache_root is None and any(s["uri"].startswith("s3://") for s in spec["streams"]):
+        if cache_root is None and any(s.uri.startswith("s3://") for s in spec.streams):
             cache_root = tempfile.mkdtemp(prefix="prx-train-cache-")  # per run: shard sets never share a cache
             stack.callback(shutil.rmtree, cache_root, True)
         dataset = build_dataset(spec, batch_size=args.batch_size, resolution=args.resolution,
@@ -160,9 +128,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                                 # room for every step plus partly filled buckets, on every rank
                                 min_epoch_size=2 * world * args.batch_size * (args.steps + 32))
         if pipes:
-            pipes.log.info(f"training on mixture {spec['name']} v{spec['mixture_version']} ({len(dataset)} samples "
-                           f"per epoch, {len(spec['streams'])} streams), text latents {mode} ({tower}), "
-                           f"world size {world}, device {device}")
+            stretched = f"; streamed as one stretched epoch of {len(dataset)} so {args.steps} steps never cross " \
+                "an epoch barrier" if len(dataset) != spec.epoch_size else ""
+            pipes.log.info(f"training on mixture {spec.name} v{spec.mixture_version} ({spec.epoch_size} "
+                           f"samples per epoch in the spec, {len(spec.streams)} streams{stretched}), text latents "
+                           f"{mode} ({tower}), world size {world}, device {device}")
         model: Any = None
         opt: Any = None
         step = 0
@@ -246,7 +216,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "text_encode_seconds": round(text_s, 4), "timed_seconds": round(timed_s, 4),
                 "text_encode_fraction": round(text_s / timed_s, 4) if timed_s else 0.0,
                 "params": sum(p.numel() for p in model.parameters()) if model is not None else 0,
-                "mixture": spec["name"], "mixture_version": spec["mixture_version"],
+                "mixture": spec.name, "mixture_version": spec.mixture_version,
                 "checkpoint": str(ckpt) if ckpt else "", "checkpoint_sha256_16": digest or "",
             }
             if args.record_samples:
@@ -256,7 +226,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             pipes.log.info(f"done: {step} steps, loss {metrics['loss_first']:.4f} -> {metrics['loss_last']:.4f}, "
                            f"{metrics['samples_per_second']} samples/s, text encoding "
                            f"{metrics['text_encode_fraction']:.1%} of step time")
-            data_version = f"{spec['mixture_version']}-{digest}" if digest else spec["mixture_version"]
+            data_version = f"{spec.mixture_version}-{digest}" if digest else spec.mixture_version
             pipes.report_asset_materialization(
                 metadata={k: v for k, v in metrics.items() if k != "loss_curve"} |
                 {"loss_curve": {"raw_value": metrics["loss_curve"], "type": "json"}},

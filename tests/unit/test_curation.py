@@ -154,11 +154,11 @@ def test_shard_set_with_one_sub_stream_per_bucket(lab) -> None:
     stored = write_subset(root, ds, recipe, select(ds, recipe))
     manifest, ids = read_subset(root, "r", stored.subset_id)
     m = write_shard_set(root, ds, recipe, manifest, ids, [], ShardSettings(by_bucket=True, workers=2))
-    assert m["samples"] == len(ids) and sum(s["samples"] for s in m["bucket_streams"].values()) == len(ids)
-    whole = open_stream(m["uri"])
+    assert m.samples == len(ids) and sum(s["samples"] for s in m.bucket_streams.values()) == len(ids)
+    whole = open_stream(m.uri)
     assert sorted(whole[i]["image_id"] for i in range(len(whole))) == ids
-    for sub, info in m["bucket_streams"].items():
-        part = open_stream(f"{m['uri']}/{info['path']}")
+    for sub, info in m.bucket_streams.items():
+        part = open_stream(f"{m.uri}/{info['path']}")
         assert len(part) == info["samples"]
         buckets = {part[i]["aspect_bucket"] for i in range(len(part))}
         assert len(buckets) == 1 and sub == "bucket_" + buckets.pop().replace(":", "x")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from prx_assets.resources.slurm import DEFAULT_TEMPLATE, JobSpec, SlurmError, job_name_for, render_sbatch
+from prx_assets.core.jobs.render import DEFAULT_TEMPLATE, JobSpec, job_name_for, render_sbatch
+from prx_assets.errors import SlurmError
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "train.sbatch"
 

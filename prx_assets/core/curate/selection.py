@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import lance
 import numpy as np
@@ -188,10 +187,3 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         buckets[by_id[i]] = buckets.get(by_id[i], 0) + 1
     out.buckets = dict(sorted(buckets.items()))
     return out
-
-
-def summary(subset: Subset) -> dict[str, Any]:
-    """JSON-friendly summary (without the id list)."""
-    return {"recipe": subset.recipe, "version": subset.version, "selected": len(subset.image_ids),
-            "total": subset.total, "dropped": subset.dropped, "buckets": subset.buckets,
-            "caption_columns": subset.caption_columns}

@@ -10,9 +10,7 @@ is tagged ``subset-<recipe>-v<version>`` so maintenance never removes it.
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import dataclass
-from typing import Any
 
 import lance
 import pyarrow as pa
@@ -21,8 +19,9 @@ import pyarrow.parquet as pq
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.recipes import Recipe
-from prx_assets.core.curate.selection import Subset, summary
+from prx_assets.core.curate.selection import Subset
 from prx_assets.core.lab.sync import tag_version
+from prx_assets.core.manifests import SubsetManifest
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class StoredSubset:
     subset_id: str
     uri: str
     tag: str
-    manifest: dict[str, Any]
+    manifest: SubsetManifest
 
 
 def subset_id(version: int, recipe: Recipe) -> str:
@@ -48,15 +47,23 @@ def write_subset(root: DataRoot, ds: lance.LanceDataset, recipe: Recipe, subset:
     root.write_bytes(layout.subset_ids(recipe.name, sid), buf.getvalue())
     tag = f"subset-{recipe.name}-v{subset.version}"
     tag_version(ds, tag, subset.version)
-    manifest = {**summary(subset), "subset_id": sid, "recipe_hash": recipe.recipe_hash(),
-                "lance_version": subset.version,
-                "lance_uri": ds.uri, "lance_tag": tag, "ids": root.join(layout.subset_ids(recipe.name, sid))}
-    root.write_bytes(layout.subset_manifest(recipe.name, sid), json.dumps(manifest, indent=1, sort_keys=True).encode())
+    manifest = SubsetManifest(
+        subset_id=sid, recipe=recipe.name, recipe_hash=recipe.recipe_hash(), lance_uri=ds.uri,
+        lance_version=subset.version, lance_tag=tag, ids=root.join(layout.subset_ids(recipe.name, sid)),
+        selected=len(subset.image_ids), total=subset.total, dropped=dict(subset.dropped),
+        buckets=dict(subset.buckets), caption_columns=tuple(subset.caption_columns), version=subset.version)
+    root.write_bytes(layout.subset_manifest(recipe.name, sid), manifest.to_json())
     return StoredSubset(subset_id=sid, uri=root.join(layout.subset_dir(recipe.name, sid)), tag=tag, manifest=manifest)
 
 
-def read_subset(root: DataRoot, recipe: str, sid: str) -> tuple[dict[str, Any], list[str]]:
+def read_subset_manifest(root: DataRoot, recipe: str, sid: str) -> SubsetManifest:
+    """The manifest of a stored subset."""
+    rel = layout.subset_manifest(recipe, sid)
+    return SubsetManifest.from_json(root.read_bytes(rel), root.join(rel))
+
+
+def read_subset(root: DataRoot, recipe: str, sid: str) -> tuple[SubsetManifest, list[str]]:
     """The manifest and ids of a stored subset."""
-    manifest = json.loads(root.read_bytes(layout.subset_manifest(recipe, sid)))
+    manifest = read_subset_manifest(root, recipe, sid)
     ids = pq.read_table(io.BytesIO(root.read_bytes(layout.subset_ids(recipe, sid)))).column("image_id").to_pylist()
     return manifest, ids

@@ -42,8 +42,6 @@ SCALAR_INDEXES: dict[str, str] = {
     "license": "BITMAP",
 }
 
-# Lance's vector index statistics include centroids unless told otherwise; we never need them.
-os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
 
 
 def _ident(text: str) -> str:
@@ -114,8 +112,15 @@ def join_column(ds: lance.LanceDataset, column: str, field_type: pa.DataType,
     return added, changed.num_rows
 
 
+def _without_centroids() -> None:
+    # Lance's vector index statistics include centroids unless told otherwise; we never need them.
+    # Read by Lance when statistics are computed, so setting it before the first call suffices.
+    os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
+
+
 def ensure_indexes(ds: lance.LanceDataset, vector_index_min_rows: int = 10_000) -> list[str]:
     """Create missing indexes, then fold unindexed rows into existing ones. Returns created names."""
+    _without_centroids()
     existing = {tuple(ix.field_names) for ix in ds.describe_indices()}
     created = []
     names = set(ds.schema.names)
@@ -146,6 +151,7 @@ def ensure_indexes(ds: lance.LanceDataset, vector_index_min_rows: int = 10_000) 
 
 def index_coverage(ds: lance.LanceDataset) -> list[dict[str, Any]]:
     """Per index: name, type, columns, indexed and unindexed row counts."""
+    _without_centroids()
     out = []
     for ix in ds.describe_indices():
         st = ds.stats.index_stats(ix.name)

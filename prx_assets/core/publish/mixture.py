@@ -16,8 +16,6 @@ sample count and weighting, plus the expected samples per stream per epoch.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from prx_assets.core.config.project import config_dir, read_yaml
+from prx_assets.core.manifests import MixtureSpec, MixtureStream, ShardSetManifest
 from prx_assets.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -87,41 +86,39 @@ def load_mixtures(path: str | os.PathLike[str] | None = None,
     return out
 
 
-def resolve(mixture: Mixture, shard_set: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+def resolve(mixture: Mixture, shard_set: Callable[[str], ShardSetManifest]) -> MixtureSpec:
     """The trainer's spec: each stream's current published shard set and expected samples per epoch.
 
-    ``shard_set(recipe)`` returns the manifest of the recipe's current shard set.
+    ``shard_set(recipe)`` returns the manifest of the recipe's current shard set. The spec's
+    ``mixture_version`` hashes everything else in it.
     """
     streams = []
     for s in mixture.streams:
         m = shard_set(s.recipe)
-        streams.append({"recipe": s.recipe, "shard_set_id": m["shard_set_id"], "uri": m["uri"],
-                        "samples": int(m["samples"]), "proportion": s.proportion, "repeat": s.repeat,
-                        "choose": s.choose, "caption_plan": m.get("caption_plan"),
-                        "lance_version": m.get("lance_version")})
-    total = sum(x["samples"] for x in streams)
-    if all(x["proportion"] is not None for x in streams):
+        streams.append(MixtureStream(recipe=s.recipe, shard_set_id=m.shard_set_id, uri=m.uri, samples=int(m.samples),
+                                     proportion=s.proportion, repeat=s.repeat, choose=s.choose,
+                                     caption_plan=m.caption_plan, lance_version=m.lance_version))
+    total = sum(x.samples for x in streams)
+    if all(x.proportion is not None for x in streams):
         epoch = int(mixture.epoch_size or total)
-        weight = sum(float(x["proportion"]) for x in streams)
-        expected = {x["recipe"]: round(epoch * float(x["proportion"]) / weight) for x in streams}
+        weight = sum(float(x.proportion or 0) for x in streams)
+        expected = {x.recipe: round(epoch * float(x.proportion or 0) / weight) for x in streams}
     else:
-        expected = {x["recipe"]: int(x["choose"]) if x["choose"] is not None else
-                    round(x["samples"] * float(x["repeat"] if x["repeat"] is not None else 1.0)) for x in streams}
+        expected = {x.recipe: int(x.choose) if x.choose is not None else
+                    round(x.samples * float(x.repeat if x.repeat is not None else 1.0)) for x in streams}
         epoch = int(mixture.epoch_size or sum(expected.values()))
-    spec = {"name": mixture.name, "epoch_size": epoch, "streams": streams,
-            "expected_samples_per_stream": expected}
-    spec["mixture_version"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    return spec
+    return MixtureSpec(name=mixture.name, epoch_size=epoch, streams=tuple(streams),
+                       expected_samples_per_stream=expected).versioned()
 
 
-def streaming_kwargs(spec: dict[str, Any], cache_root: str | None = None) -> dict[str, Any]:
+def streaming_kwargs(spec: MixtureSpec, cache_root: str | None = None) -> dict[str, Any]:
     """``StreamingDataset`` keyword arguments (streams + epoch size) for a resolved spec."""
     from streaming import Stream
 
     streams = []
-    for i, s in enumerate(spec["streams"]):
-        remote = s["uri"] if s["uri"].startswith("s3://") else None
-        local = s["uri"] if remote is None else os.path.join(cache_root or "/tmp/prx-mds-cache", f"{i}")
-        kw = {k: s[k] for k in ("proportion", "repeat", "choose") if s[k] is not None}
+    for i, s in enumerate(spec.streams):
+        remote = s.uri if s.uri.startswith("s3://") else None
+        local = s.uri if remote is None else os.path.join(cache_root or "/tmp/prx-mds-cache", f"{i}")
+        kw = {k: getattr(s, k) for k in ("proportion", "repeat", "choose") if getattr(s, k) is not None}
         streams.append(Stream(remote=remote, local=local, **kw))
-    return {"streams": streams, "epoch_size": spec["epoch_size"]}
+    return {"streams": streams, "epoch_size": spec.epoch_size}

@@ -42,6 +42,7 @@ from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
 from prx_assets.core.lab.sql import rows_by_ids, where_eq
 from prx_assets.core.lab.sync import caption_column
+from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
 from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
 from prx_assets.errors import PrxError
 
@@ -161,21 +162,21 @@ def shard_set_id(subset_id: str, settings: ShardSettings) -> str:
     return f"{subset_id}-s{settings.key()}"
 
 
-def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, subset_manifest: dict[str, Any],
+def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, subset_manifest: SubsetManifest,
                     ids: Sequence[str], captioner_ids: Sequence[str], settings: ShardSettings,
-                    lineage: dict[str, Any] | None = None) -> dict[str, Any]:
+                    lineage: dict[str, Any] | None = None) -> ShardSetManifest:
     """Write and publish the shard set of a subset; return its manifest (reused if already published)."""
     from streaming.base.util import merge_index
 
     if not ids:
         raise ShardError(f"recipe {recipe.name!r} selected no images at Lance version "
-                         f"{subset_manifest.get('lance_version')}; loosen the recipe (see curated_subsets' "
+                         f"{subset_manifest.lance_version}; loosen the recipe (see curated_subsets' "
                          "dropped_by_rule) before writing shards")
-    set_id = shard_set_id(subset_manifest["subset_id"], settings)
+    set_id = shard_set_id(subset_manifest.subset_id, settings)
     rel = layout.shard_set_dir(recipe.name, set_id)
     if root.exists(layout.shard_set_manifest(recipe.name, set_id)):
-        return json.loads(root.read_bytes(layout.shard_set_manifest(recipe.name, set_id)))
-    plan = caption_plan(recipe, subset_manifest["caption_columns"], captioner_ids)
+        return read_shard_set_manifest(root, recipe.name, set_id)
+    plan = caption_plan(recipe, subset_manifest.caption_columns, captioner_ids)
     encoder = TextEncoder(settings.text_tower, device="auto") if settings.text_tower is not None else None
     if encoder is not None and not plan["columns"]:
         raise ShardError(f"recipe {recipe.name!r} has no caption columns to precompute latents for; set captions: "
@@ -212,33 +213,38 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             merge_index(str(staging), keep_local=True)
         index = json.loads((staging / "index.json").read_text())
         files = sorted(p for p in staging.rglob("*") if p.is_file())
-        manifest = {
-            "shard_set_id": set_id, "recipe": recipe.name, "recipe_hash": recipe.recipe_hash(),
-            "subset_id": subset_manifest["subset_id"], "lance_uri": subset_manifest["lance_uri"],
-            "lance_version": subset_manifest["lance_version"], "lance_tag": subset_manifest.get("lance_tag"),
-            "captioner_ids": [c for c in captioner_ids if any(caption_column(c) in cs
-                                                                for cs in plan["columns"].values())],
-            "caption_plan": plan, "columns": columns, "code_version": SHARDS_CODE_VERSION,
-            "samples": sum(counts), "shards": len(index["shards"]),
-            "bytes": sum(p.stat().st_size for p in files if p.name.endswith(".mds") or ".mds." in p.name),
-            "settings": {"size_limit": settings.size_limit, "compression": settings.compression,
-                         "hashes": list(settings.hashes), "parallel_writers": len(jobs),
-                         "by_bucket": settings.by_bucket},
-            "text_latents": None if encoder is None else {
+        manifest = ShardSetManifest(
+            shard_set_id=set_id, recipe=recipe.name, recipe_hash=recipe.recipe_hash(),
+            subset_id=subset_manifest.subset_id, lance_uri=subset_manifest.lance_uri,
+            lance_version=subset_manifest.lance_version, lance_tag=subset_manifest.lance_tag,
+            captioner_ids=tuple(c for c in captioner_ids if any(caption_column(c) in cs
+                                                                for cs in plan["columns"].values())),
+            caption_plan=plan, columns=columns, code_version=SHARDS_CODE_VERSION,
+            samples=sum(counts), shards=len(index["shards"]),
+            bytes=sum(p.stat().st_size for p in files if p.name.endswith(".mds") or ".mds." in p.name),
+            settings={"size_limit": settings.size_limit, "compression": settings.compression,
+                      "hashes": list(settings.hashes), "parallel_writers": len(jobs),
+                      "by_bucket": settings.by_bucket},
+            text_latents=None if encoder is None else {
                 "tower": encoder.spec.tower(), "model": encoder.spec.model, "identity": encoder.spec.identity(),
                 "max_length": encoder.spec.max_length, "layer": encoder.spec.layer, "dim": encoder.dim,
                 "columns": {c: [latent_column(c, encoder.spec.tower()), mask_column(c, encoder.spec.tower())]
                             for c in plan["columns"]}},
-            "bucket_streams": streams,
-            "uri": root.join(rel), "seconds": round(time.perf_counter() - started, 3),
-            **(lineage or {}),
-        }
-        (staging / layout.SHARD_SET_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            bucket_streams=streams, uri=root.join(rel), seconds=round(time.perf_counter() - started, 3),
+            extra=dict(lineage or {}),
+        )
+        (staging / layout.SHARD_SET_MANIFEST).write_bytes(manifest.to_json())
         _publish(root, staging, rel)
         return manifest
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_shard_set_manifest(root: DataRoot, recipe: str, set_id: str) -> ShardSetManifest:
+    """The manifest of a published shard set (``FileNotFoundError`` when it is not published)."""
+    rel = layout.shard_set_manifest(recipe, set_id)
+    return ShardSetManifest.from_json(root.read_bytes(rel), root.join(rel))
 
 
 def _publish(root: DataRoot, staging: Path, rel: str) -> None:
@@ -288,13 +294,13 @@ class Verification:
         return self.samples == self.expected and not self.mismatched
 
 
-def verify_shard_set(manifest: dict[str, Any], lab: lance.LanceDataset, sample: int = 16,
+def verify_shard_set(manifest: ShardSetManifest, lab: lance.LanceDataset, sample: int = 16,
                      seed: int = 0, cache: str | None = None) -> Verification:
     """Read the set back with ``StreamingDataset``: count, hashes (checked by the reader when
     the set has them) and a sample of images byte-identical to the lab version."""
     import numpy as np
 
-    sds = open_stream(manifest["uri"], cache=cache, validate_hash=(manifest["settings"]["hashes"] or [None])[0])
+    sds = open_stream(manifest.uri, cache=cache, validate_hash=manifest.validate_hash)
     n = len(sds)
     picks = np.random.default_rng(seed).permutation(n)[: min(sample, n)] if n else []
     mismatched = []
@@ -303,4 +309,4 @@ def verify_shard_set(manifest: dict[str, Any], lab: lance.LanceDataset, sample: 
         row = lab.to_table(columns=["jpeg"], filter=where_eq("image_id", s["image_id"]))
         if row.num_rows != 1 or row.column(0)[0].as_py() != s["image"]:
             mismatched.append(s["image_id"])
-    return Verification(samples=n, expected=int(manifest["samples"]), checked=len(picks), mismatched=mismatched)
+    return Verification(samples=n, expected=manifest.samples, checked=len(picks), mismatched=mismatched)

@@ -1,0 +1,59 @@
+"""Cross-stage manifests: typed, frozen, round-trip JSON, keep unknown keys, name the file when broken."""
+
+import doctest
+import hashlib
+import json
+
+import pytest
+
+from prx_assets.core import manifests
+from prx_assets.core.manifests import (
+    ManifestError,
+    MixtureSpec,
+    MixtureStream,
+    ShardSetManifest,
+    SubsetManifest,
+)
+
+SHARD_SET = {"shard_set_id": "v3-ab-s1", "recipe": "r", "subset_id": "v3-ab", "lance_uri": "/d/images.lance",
+             "lance_version": 3, "uri": "/d/mds/r/v3-ab-s1", "samples": 10, "shards": 1, "bytes": 1234,
+             "recipe_hash": "ab", "lance_tag": "subset-r-v3", "captioner_ids": ["short-1"],
+             "caption_plan": {"mode": "first", "columns": {"caption": ["caption__short_1"]}},
+             "columns": {"image": "bytes"}, "code_version": "shards-1", "settings": {"hashes": ["xxh64"]},
+             "text_latents": None, "bucket_streams": {}, "seconds": 0.5, "dagster_run_id": "abc"}
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(manifests).failed == 0
+
+
+def test_shard_set_round_trip_keeps_unknown_keys() -> None:
+    m = ShardSetManifest.from_json(json.dumps(SHARD_SET))
+    assert m.captioner_ids == ("short-1",) and m.extra == {"dagster_run_id": "abc"}
+    assert m.validate_hash == "xxh64"
+    assert json.loads(m.to_json()) == SHARD_SET  # the file readers outside see is unchanged
+    with pytest.raises(AttributeError):
+        m.samples = 3  # type: ignore[misc]
+
+
+def test_subset_round_trip_and_missing_keys_name_the_file() -> None:
+    s = SubsetManifest(subset_id="v1-x", recipe="r", recipe_hash="x", lance_uri="/l", lance_version=1,
+                       ids="/c/ids.parquet", selected=2, caption_columns=("caption__a",))
+    assert SubsetManifest.from_json(s.to_json()) == s
+    with pytest.raises(ManifestError, match=r"SubsetManifest /c/subset.json has no 'subset_id'"):
+        SubsetManifest.from_json(b"{}", "/c/subset.json")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        SubsetManifest.from_json(b"{", "/c/subset.json")
+
+
+def test_mixture_version_is_the_hash_of_the_rest() -> None:
+    stream = MixtureStream(recipe="r", shard_set_id="s", uri="/d", samples=3, proportion=1.0,
+                           caption_plan={"weights": {"caption": 1.0}}, lance_version=2)
+    spec = MixtureSpec(name="m", epoch_size=3, streams=(stream,), expected_samples_per_stream={"r": 3}).versioned()
+    doc = json.loads(spec.to_json())
+    body = {k: v for k, v in doc.items() if k != "mixture_version"}
+    # The formula mixtures have always used: ids of existing mixtures stay the same.
+    assert spec.mixture_version == hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    again = MixtureSpec.from_json(spec.to_json())
+    assert again == spec and isinstance(again.streams[0], MixtureStream)
+    assert again.streams[0].weighting() == "proportion 1.0"
