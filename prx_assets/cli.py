@@ -38,7 +38,8 @@ from prx_assets.resources.storage import ProjectConfigResource
 
 
 def ensure_dagster_home() -> Path:
-    """Use ``$DAGSTER_HOME``, defaulting to ``./.dagster_home`` seeded with ``./dagster.yaml``."""
+    """Use ``$DAGSTER_HOME``, defaulting to ``./.dagster_home`` seeded with ``./dagster.yaml``
+    (or, outside a checkout, the packaged copy of it)."""
     home = os.environ.get("DAGSTER_HOME")
     if not home:
         home = str(Path(".dagster_home").resolve())
@@ -50,6 +51,10 @@ def ensure_dagster_home() -> Path:
     if project_yaml.is_file() and project_yaml.resolve() != target.resolve() and (
             not target.exists() or target.read_bytes() != project_yaml.read_bytes()):
         shutil.copyfile(project_yaml, target)
+    elif not target.exists():
+        import importlib.resources
+
+        target.write_bytes((importlib.resources.files("prx_assets") / "defaults" / "dagster.yaml").read_bytes())
     return path
 
 
@@ -178,6 +183,11 @@ def _result_line(result: dg.ExecuteInProcessResult) -> str:
             parts.append(f"{md['computed'].value} computed, {md['reused_same_content'].value} reused")
         if "lance_version" in md:
             parts.append(f"lance v{md['lance_version'].value}")
+        if "mixture_version" in md and "loss_last" not in md:
+            parts.append(f"version {md['mixture_version'].value}, epoch {md['epoch_size'].value} samples")
+        if "loss_last" in md:
+            parts.append(f"{md['steps'].value} steps on {md['job_mode'].value} job {md['job_id'].value}, loss "
+                         f"{md['loss_first'].value:.3f} -> {md['loss_last'].value:.3f}")
     for ev in result.get_asset_check_evaluations():
         verdict = "passed" if ev.passed else ("FAILED" if ev.severity == dg.AssetCheckSeverity.ERROR
                                               else "warning")
@@ -278,7 +288,8 @@ def _execute(job: Any, instance: dg.DagsterInstance, key: dg.AssetKey, pk: str |
         tags={"prx/launched_by": "prx-assets run"})
     took = time.perf_counter() - started
     status = "ok" if result.success else "FAILED"
-    print(f"{prefix} {key.to_user_string()} {pk or ''}: {status} "
+    label = f"{key.to_user_string()} {pk}" if pk else key.to_user_string()
+    print(f"{prefix} {label}: {status} "
           f"({took:.1f}s) {_result_line(result)}", flush=True)
     if result.success:
         return 0
@@ -503,13 +514,18 @@ def _print_training(instance: dg.DagsterInstance) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Generate the demo corpus (if absent) and run the whole graph."""
+    from prx_assets.core.config.project import ensure_config_dir
     from prx_assets.core.demo.corpus import generate_demo_corpus
 
+    folder, created = ensure_config_dir()
+    if created:
+        print(f"no config folder here: wrote the demo config to {folder} (edit it to add your sources)")
     root = _root()
     marker = layout.DEMO_MARKER
     if args.regenerate or not root.exists(marker):
         print(f"generating the demo corpus under {root.join(layout.DEMO_DIR)} ...", flush=True)
-        summary = generate_demo_corpus(root)
+        sizes = {"n_photos": 20, "n_catalog": 10, "n_web": 8} if args.small else {}
+        summary = generate_demo_corpus(root, **sizes)
         root.write_bytes(marker, json.dumps(summary.to_dict(), indent=1).encode())
         print(f"  wrote {dict(summary.files)}; {len(summary.broken)} deliberately broken inputs")
     else:
@@ -520,7 +536,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for line in summary_lines(table_summary(root)):
         print(f"  {line}")
     _print_training(_instance())
-    print(f"\nDagster instance: {os.environ['DAGSTER_HOME']} -- open the UI with `make dev`")
+    ui = "`make dev`" if Path("Makefile").is_file() else "`dagster dev -m prx_assets.definitions` (from this folder)"
+    print(f"\nDagster instance: {os.environ['DAGSTER_HOME']} -- open the UI with {ui}")
     hint = path_hint()
     if hint:
         print(hint)
@@ -553,6 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True)
     d = sub.add_parser("demo", help="generate the demo corpus and run the whole graph")
     d.add_argument("--regenerate", action="store_true", help="rewrite the demo corpus")
+    d.add_argument("--small", action="store_true",
+                   help="a 38-image corpus instead of 316, for a quick look (about a minute on 2 cores)")
     d.add_argument("-v", "--verbose", action="store_true", help="show Dagster run logs")
     d.set_defaults(fn=cmd_demo)
     m = sub.add_parser("models", help="build the tiny offline models models.yaml points at")
@@ -605,8 +624,14 @@ def quiet_known_warnings() -> None:
 
     Set when the command starts (not at import): a library importing prx_assets keeps its own filters.
     """
+    import logging
     import warnings
 
+    # Libraries that log progress chatter at WARNING (MDS writers' "Directory ... exists", index temp
+    # folders, transformers' processor notices); `-v` shows Dagster's own logs, errors always show.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in ("streaming", "root"):
+        logging.getLogger(None if name == "root" else name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
     warnings.filterwarnings("ignore", message="Asset job .* materializes assets with varying BackfillPolicies")

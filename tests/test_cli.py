@@ -174,6 +174,7 @@ def test_mds_shard_sets_read_back_exactly(small_demo: Path, capsys: pytest.Captu
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("mds_shards"), asset_partitions=["demo_square_ish"]),
             limit=1).records[0].asset_materialization
     set_id = rec.tags["dagster/data_version"]
+    assert "data:image/jpeg;base64," in rec.metadata["contact_sheet"].value  # read back from the shards
     manifest = json.loads(root.read_bytes(f"mds/demo_square_ish/{set_id}/manifest.json"))
     assert manifest["samples"] == rec.metadata["dagster/row_count"].value > 0
     assert manifest["caption_plan"]["mode"] == "mix" and set(manifest["caption_plan"]["weights"]) == {

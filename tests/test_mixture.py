@@ -20,7 +20,7 @@ REPO = Path(__file__).parents[1]
 
 
 @pytest.fixture
-def project(tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch, models_env: dict) -> Path:
+def two_recipe_config(tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch, models_env: dict) -> Path:
     generate_demo_corpus(DataRoot(str(data_root)), n_photos=40, n_catalog=20, n_web=4)
     config = tmp_path / "config"
     shutil.copytree(REPO / "config", config)
@@ -42,7 +42,7 @@ mixtures:
     return config
 
 
-def test_mixture_epoch_composition_matches_proportions(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_mixture_epoch_composition_matches_proportions(two_recipe_config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
@@ -67,7 +67,7 @@ def test_mixture_epoch_composition_matches_proportions(project: Path, capsys: py
     assert "everything is up to date" in capsys.readouterr().out
 
 
-def test_shard_publish_is_atomic_and_a_rerun_succeeds(project: Path, capsys: pytest.CaptureFixture[str],
+def test_shard_publish_is_atomic_and_a_rerun_succeeds(two_recipe_config: Path, capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import prx_assets.core.publish.shards as shards
 

@@ -29,9 +29,10 @@ def test_demo_pipeline_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]
     out = capsys.readouterr().out
     assert "FAILED" not in out and "lance_table" in out
 
-    assert main(["status"]) == 0
-    summary = capsys.readouterr().out
-    assert f'"uri": "{root}/lance/images.lance"' in summary
+    assert main(["status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["tables"]["images"]["uri"] == f"{root}/lance/images.lance"
+    assert all(a["materialized"] == a["partitions"] for a in status["assets"]), status["assets"]
 
     assert main(["query", "--where", "source = 'photos'", "--columns", "image_id,source", "--json",
                  "--limit", "100"]) == 0

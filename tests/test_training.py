@@ -1,6 +1,6 @@
 """Training: the reference trainer, precomputed latents, and training_run on the real SLURM cluster.
 
-One module-scoped project runs the whole demo graph once (``prx-assets run``: ingest ->
+One module-scoped fixture (trained_demo) runs the whole demo graph once (``prx-assets run``: ingest ->
 captions -> lab -> subsets -> shards -> mixture -> training_run, the last on the local
 SLURM cluster); the tests then exercise the sensor, failures, cancellation and stage jobs
 against it.
@@ -42,7 +42,7 @@ def slurm_cluster() -> None:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, str],
+def trained_demo(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, str],
             slurm_cluster: None) -> Iterator[dict[str, Any]]:
     """The demo graph materialized once; yields paths and the mixture spec."""
     base = tmp_path_factory.mktemp("training")
@@ -82,11 +82,11 @@ def project(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, str
 
 
 @pytest.fixture(autouse=True)
-def _project_env(project: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test runs in the project's environment (conftest's isolation resets it per test)."""
-    for k, v in project["env"].items():
+def _project_env(trained_demo: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in the trained demo's environment (conftest's isolation resets it per test)."""
+    for k, v in trained_demo["env"].items():
         monkeypatch.setenv(k, v)
-    monkeypatch.chdir(project["base"])
+    monkeypatch.chdir(trained_demo["base"])
 
 
 def _latest(instance: dg.DagsterInstance, key: str, partition: str) -> dg.AssetMaterialization:
@@ -106,8 +106,8 @@ def _train(spec: str, text_model: str | None, out: Path, steps: int, precomputed
 
 # ---------------------------------------------------------------------------------- trainer
 
-def test_loss_decreases_on_the_demo_shards(project: dict[str, Any], tmp_path: Path) -> None:
-    m = _train(project["spec_uri"], project["models"]["text"], tmp_path / "s.json", steps=40)
+def test_loss_decreases_on_the_demo_shards(trained_demo: dict[str, Any], tmp_path: Path) -> None:
+    m = _train(trained_demo["spec_uri"], trained_demo["models"]["text"], tmp_path / "s.json", steps=40)
     assert m["steps"] == 40 and m["mode"] == "on_the_fly"
     assert m["loss_last"] < 0.9 * m["loss_first"], m["loss_curve"]
     assert 0 < m["text_encode_fraction"] < 1
@@ -117,7 +117,7 @@ def test_loss_decreases_on_the_demo_shards(project: dict[str, Any], tmp_path: Pa
     assert keys == {"caption", "caption_detailed", "caption_short"}  # both streams, the mix drawn per sample
 
 
-def test_precomputed_latents_consume_the_same_samples(project: dict[str, Any], tmp_path: Path) -> None:
+def test_precomputed_latents_consume_the_same_samples(trained_demo: dict[str, Any], tmp_path: Path) -> None:
     from prx_assets.definitions import defs
 
     job = defs.resolve_implicit_global_asset_job_def()
@@ -135,8 +135,8 @@ def test_precomputed_latents_consume_the_same_samples(project: dict[str, Any], t
         assert job.execute_in_process(instance=instance, partition_key="mix",
                                       asset_selection=[dg.AssetKey("training_mixture")]).success
         spec_uri = _latest(instance, "training_mixture", "mix").metadata["spec_uri"].value
-    assert spec_uri != project["spec_uri"]  # new shard sets -> new mixture version
-    fly = _train(spec_uri, project["models"]["text"], tmp_path / "fly.json", steps=12)
+    assert spec_uri != trained_demo["spec_uri"]  # new shard sets -> new mixture version
+    fly = _train(spec_uri, trained_demo["models"]["text"], tmp_path / "fly.json", steps=12)
     pre = _train(spec_uri, None, tmp_path / "pre.json", steps=12, precomputed=True)
     assert json.loads((tmp_path / "fly.json").read_text()) == json.loads((tmp_path / "pre.json").read_text())
     # Same samples, same captions, same latents (both float16): the losses agree closely.
@@ -145,21 +145,21 @@ def test_precomputed_latents_consume_the_same_samples(project: dict[str, Any], t
         assert abs(a - b) <= 1e-2 * max(abs(a), 1e-3)
 
 
-def test_precomputed_mode_on_shards_without_latents_names_the_column(project: dict[str, Any],
+def test_precomputed_mode_on_shards_without_latents_names_the_column(trained_demo: dict[str, Any],
                                                                       tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"latent_caption.*_qwen3"):
-        _train(project["spec_uri"], None, tmp_path / "x.json", steps=2, precomputed=True)
+        _train(trained_demo["spec_uri"], None, tmp_path / "x.json", steps=2, precomputed=True)
 
 
-def test_ddp_on_two_ranks_checkpoints_and_resumes(project: dict[str, Any], tmp_path: Path) -> None:
+def test_ddp_on_two_ranks_checkpoints_and_resumes(trained_demo: dict[str, Any], tmp_path: Path) -> None:
     from tests.helpers import free_port
 
     def run(steps: int) -> tuple[dict[str, Any], str]:
         out = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "prx_assets.training.train",
-             "--spec", project["spec_uri"], "--steps", str(steps), "--workers", "0", "--batch-size", "4",
-             "--dim", "64", "--depth", "2", "--text-encoder", project["models"]["text"],
+             "--spec", trained_demo["spec_uri"], "--steps", str(steps), "--workers", "0", "--batch-size", "4",
+             "--dim", "64", "--depth", "2", "--text-encoder", trained_demo["models"]["text"],
              "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-json", str(tmp_path / "m.json")],
             capture_output=True, text=True, timeout=300, check=False)
         assert out.returncode == 0, out.stderr[-3000:]
@@ -174,13 +174,14 @@ def test_ddp_on_two_ranks_checkpoints_and_resumes(project: dict[str, Any], tmp_p
 
 # ------------------------------------------------------------------------------ on SLURM
 
-def test_demo_graph_trained_on_slurm_through_pipes(project: dict[str, Any]) -> None:
+def test_demo_graph_trained_on_slurm_through_pipes(trained_demo: dict[str, Any]) -> None:
     with dg.DagsterInstance.get() as instance:
         mat = _latest(instance, "training_run", "mix")
-        mix_version = Path(project["spec_uri"]).stem  # the version the fixture's run trained on
+        mix_version = Path(trained_demo["spec_uri"]).stem  # the version the fixture's run trained on
         md = {k: v.value for k, v in mat.metadata.items()}
         assert md["job_mode"] == "slurm" and md["job_id"].isdigit()
         assert md["steps"] == 40 and md["loss_last"] < md["loss_first"]
+        assert md["loss_curve"].startswith("![flow-matching loss per step (40 steps)](data:image/png;base64,")
         assert md["samples_per_second"] > 0 and md["mixture_version"] == mix_version
         assert mat.tags["dagster/data_version"].startswith(mix_version + "-")
         assert Path(md["checkpoint"]).is_file()
@@ -194,7 +195,7 @@ def test_demo_graph_trained_on_slurm_through_pipes(project: dict[str, Any]) -> N
     assert acct == "COMPLETED"
 
 
-def test_sensor_requests_one_training_run_per_mixture_version(project: dict[str, Any]) -> None:
+def test_sensor_requests_one_training_run_per_mixture_version(trained_demo: dict[str, Any]) -> None:
     from prx_assets.definitions import defs
     from prx_assets.defs.training import training_sensor
     from prx_assets.resources.storage import ProjectConfigResource
@@ -239,7 +240,7 @@ def test_sensor_requests_one_training_run_per_mixture_version(project: dict[str,
         assert not again.run_requests and again.skip_reason is not None
 
 
-def test_failing_job_fails_the_run_with_the_job_error(project: dict[str, Any]) -> None:
+def test_failing_job_fails_the_run_with_the_job_error(trained_demo: dict[str, Any]) -> None:
     from prx_assets.definitions import defs
 
     job = defs.resolve_implicit_global_asset_job_def()
@@ -267,7 +268,7 @@ def _wait_for_job(name_prefix: str, timeout: float = 60) -> str:
     raise AssertionError(f"no RUNNING job named {name_prefix}*")
 
 
-def test_cancelled_job_fails_the_run(project: dict[str, Any]) -> None:
+def test_cancelled_job_fails_the_run(trained_demo: dict[str, Any]) -> None:
     from prx_assets.definitions import defs
     from prx_assets.resources.slurm import SlurmResource
 
@@ -292,7 +293,7 @@ def test_cancelled_job_fails_the_run(project: dict[str, Any]) -> None:
     assert "CANCELLED" in failure.user_failure_data.description
 
 
-def test_terminating_the_run_cancels_the_job(project: dict[str, Any], tmp_path: Path) -> None:
+def test_terminating_the_run_cancels_the_job(trained_demo: dict[str, Any], tmp_path: Path) -> None:
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent("""
         import dagster as dg
@@ -303,7 +304,7 @@ def test_terminating_the_run_cancels_the_job(project: dict[str, Any], tmp_path: 
                                    asset_selection=[dg.AssetKey("training_run")],
                                    run_config={"ops": {"training_run": {"config": {"steps": 100000}}}})
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=project["base"])
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=trained_demo["base"])
     try:
         job_id = _wait_for_job("prx-train-mix")
         proc.send_signal(signal.SIGINT)
@@ -320,13 +321,13 @@ def test_terminating_the_run_cancels_the_job(project: dict[str, Any], tmp_path: 
     assert state == "CANCELLED"
 
 
-def test_recaptions_partition_on_slurm_equals_in_process(project: dict[str, Any], tmp_path: Path,
+def test_recaptions_partition_on_slurm_equals_in_process(trained_demo: dict[str, Any], tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from prx_assets.definitions import defs
     from prx_assets.defs.enrichment import recaptions
     from prx_assets.resources.slurm import SlurmResource
 
-    root_a = project["root"]
+    root_a = trained_demo["root"]
     root_b = tmp_path / "data"
     shutil.copytree(root_a, root_b, ignore=shutil.ignore_patterns("captions.lance", "slurm", "mds", "training"))
     with dg.DagsterInstance.get() as src:
@@ -359,7 +360,7 @@ def test_recaptions_partition_on_slurm_equals_in_process(project: dict[str, Any]
     assert job_logs and "prx job" in job_logs[0].read_text()
 
 
-def test_lineage_from_training_run_and_from_shard_set(project: dict[str, Any],
+def test_lineage_from_training_run_and_from_shard_set(trained_demo: dict[str, Any],
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     with dg.DagsterInstance.get() as instance:
         run_mat = instance.fetch_materializations(
@@ -404,10 +405,10 @@ def _ticks(port: int) -> list[dict[str, Any]]:
     return graphql(port, SENSOR_TICKS, {"s": SENSOR})["sensorOrError"]["sensorState"]["ticks"]
 
 
-def test_sensor_fires_on_its_own_under_dagster_dev(project: dict[str, Any], tmp_path: Path) -> None:
+def test_sensor_fires_on_its_own_under_dagster_dev(trained_demo: dict[str, Any], tmp_path: Path) -> None:
     from prx_assets.definitions import defs
 
-    with dagster_dev(project["base"], tmp_path / "dagster_dev.log") as port:
+    with dagster_dev(trained_demo["base"], tmp_path / "dagster_dev.log") as port:
         started = graphql(port, START_SENSOR, {"s": SENSOR})["startSensor"]
         assert started["__typename"] == "Sensor", started
         wait_for(lambda: _ticks(port), 120, "the sensor's first tick (the daemon runs it)")

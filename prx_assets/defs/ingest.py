@@ -177,8 +177,9 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
         severity=dg.AssetCheckSeverity.ERROR,
         description="; ".join(report.failures) or None,
         metadata={
-            "quality": s.jpeg_quality,
-            "cycles": s.q92_cycles,
+            # Settings are text, not numbers: the UI's Plots tab charts numeric entries over partitions.
+            "quality": dg.MetadataValue.text(str(s.jpeg_quality)),
+            "cycles": dg.MetadataValue.text(str(s.q92_cycles)),
             "sampled": len(images),
             "first_cycle_psnr_db": meta["first_cycle_psnr_db"],
             "max_drop_db": meta["max_drop_db"],
@@ -188,7 +189,7 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
             "psnr_curve_chart": curve(meta["mean_psnr_curve_db"], f"mean PSNR after each q{s.jpeg_quality} cycle",
                                       "dB", threshold=s.q92_min_psnr_db),
             "per_image": dg.MetadataValue.json(meta["images"]),
-            "min_psnr_db_bound": s.q92_min_psnr_db,
+            "min_psnr_db_bound": dg.MetadataValue.text(f"{s.q92_min_psnr_db} dB"),
         },
     )
 

@@ -24,6 +24,7 @@ from prx_assets.defs.staleness import (
     previous_data_version,
     register_fingerprint,
 )
+from prx_assets.defs.visual_metadata import shard_set_pictures
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 
@@ -115,6 +116,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
             "caption_columns": dg.MetadataValue.json(manifest.caption_plan),
             "columns": dg.MetadataValue.json(manifest.columns),
             "text_latents": dg.MetadataValue.json(manifest.text_latents or {}),
+            **shard_set_pictures(manifest),
             FINGERPRINT_KEY: dg.MetadataValue.text(shards_fingerprint_of(sid)),
         },
     )

@@ -15,6 +15,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE
 from prx_assets.core.lab.sql import literal, where_in
 from prx_assets.core.lab.table import open_table, table_uri
+from prx_assets.core.manifests import ShardSetManifest
 from prx_assets.core.visuals import bar_chart, contact_sheet, line_chart, md_image
 
 SHEET_SIZE = 12
@@ -40,10 +41,11 @@ def chart(counts: Mapping[str, float], title: str) -> dg.MetadataValue:
     return _safe(lambda: dg.MetadataValue.md(md_image(bar_chart(counts, title), title)))
 
 
-def curve(values: Sequence[float], title: str, y_label: str, threshold: float | None = None) -> dg.MetadataValue:
+def curve(values: Sequence[float], title: str, y_label: str, threshold: float | None = None,
+          x_label: str = "cycles") -> dg.MetadataValue:
     """A line chart as an inline image."""
     return _safe(lambda: dg.MetadataValue.md(md_image(
-        line_chart(values, title, y_label=y_label, x_label="cycles", threshold=threshold), title)))
+        line_chart(values, title, y_label=y_label, x_label=x_label, threshold=threshold), title)))
 
 
 def resolution_bins(sizes: Sequence[tuple[int, int]]) -> dict[str, int]:
@@ -139,3 +141,29 @@ def subset_pictures(lab: lance.LanceDataset, ids: Sequence[str], caption_column:
                 "dropped_by_rule_chart": chart(dict(dropped), "images dropped per rule")}
     except Exception as e:
         return {"contact_sheet": dg.MetadataValue.text(f"could not draw: {type(e).__name__}: {e}")}
+
+
+def shard_set_pictures(manifest: ShardSetManifest) -> dict[str, dg.MetadataValue]:
+    """mds_shards: a contact sheet read back from the published MDS set (what the trainer will see)."""
+    import shutil
+    import tempfile
+
+    from prx_assets.core.publish.shards import open_stream
+
+    cache = tempfile.mkdtemp(prefix="prx-mds-sheet-") if manifest.uri.startswith("s3://") else None
+    try:
+        sds = open_stream(manifest.uri, cache=cache)
+        n = len(sds)
+        picks = list(range(0, n, max(1, n // SHEET_SIZE)))[:SHEET_SIZE]
+        caption_key = next(iter(manifest.caption_plan.get("columns") or {}), "")
+        rows = []
+        for i in picks:
+            s = sds[i]
+            rows.append({"jpeg": s["image"], "image_id": s["image_id"], "width": s["width"], "height": s["height"],
+                         "caption": s.get(caption_key, "") if caption_key else ""})
+        return {"contact_sheet": _sheet(rows, "caption", f"{len(rows)} of {n} samples read back from the shards")}
+    except Exception as e:
+        return {"contact_sheet": dg.MetadataValue.text(f"could not draw: {type(e).__name__}: {e}")}
+    finally:
+        if cache:
+            shutil.rmtree(cache, ignore_errors=True)

@@ -49,6 +49,17 @@ def parse_args(argv: list[str] | None = None) -> TrainerArgs:
     return TrainerArgs.from_argv(argv)
 
 
+def loss_picture(losses: list[float]) -> str:
+    """The loss per step as an inline chart (Markdown), for the materialization's metadata."""
+    from prx_assets.core.visuals import line_chart, md_image
+
+    title = f"flow-matching loss per step ({len(losses)} steps)"
+    try:
+        return md_image(line_chart(losses or [0.0], title, y_label="loss", x_label="steps"), title)
+    except Exception as e:  # a picture must never fail a finished run
+        return f"could not draw the loss curve: {type(e).__name__}: {e}"
+
+
 def read_spec(uri: str) -> MixtureSpec:
     """The mixture spec from a local path or ``s3://``."""
     if uri.startswith("s3://"):
@@ -229,7 +240,7 @@ def train(args: TrainerArgs) -> dict[str, Any]:
             data_version = f"{spec.mixture_version}-{digest}" if digest else spec.mixture_version
             pipes.report_asset_materialization(
                 metadata={k: v for k, v in metrics.items() if k != "loss_curve"} |
-                {"loss_curve": {"raw_value": metrics["loss_curve"], "type": "json"}},
+                {"loss_curve": {"raw_value": loss_picture(losses), "type": "md"}},
                 data_version=data_version)
         if world > 1:
             dist.destroy_process_group()

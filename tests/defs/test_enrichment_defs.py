@@ -17,7 +17,7 @@ ALL = [raw_images, jpeg_q92_cycles, recaptions, caption_quality, image_embedding
 
 
 @pytest.fixture
-def project(tmp_path: Path, data_root: Path, tiny_models: dict[str, str]) -> dict:
+def ingested_batch(tmp_path: Path, data_root: Path, tiny_models: dict[str, str]) -> dict:
     write_folder_corpus(tmp_path / "incoming", n=4, broken=False)
     cfg = write_sources_yaml(tmp_path / "config", f"""
 sources:
@@ -40,8 +40,8 @@ embedder: {{model: {tiny_models["siglip"]}, batch_size: 8}}
     return {"resources": resources, "root": data_root, "config": cfg.parent}
 
 
-def test_recaptions_per_captioner_and_embeddings(project: dict) -> None:
-    r = project["resources"]
+def test_recaptions_per_captioner_and_embeddings(ingested_batch: dict) -> None:
+    r = ingested_batch["resources"]
     with dg.instance_for_test() as instance:
         result = raw_batch_sensor(dg.build_sensor_context(instance=instance, resources=r))
         for req in result.dynamic_partitions_requests:
@@ -66,7 +66,7 @@ def test_recaptions_per_captioner_and_embeddings(project: dict) -> None:
             assert check.check_name == "caption_quality" and check.metadata["captions"].value == 4
             assert check.severity == dg.AssetCheckSeverity.WARN
 
-        t = lance.dataset(str(project["root"] / "lance" / "captions.lance")).to_table()
+        t = lance.dataset(str(ingested_batch["root"] / "lance" / "captions.lance")).to_table()
         assert t.num_rows == 8 and set(t.column("captioner_id").to_pylist()) == set(captioners)
 
         # Re-running is a no-op: nothing computed, nothing written, data version unchanged.
@@ -82,8 +82,8 @@ def test_recaptions_per_captioner_and_embeddings(project: dict) -> None:
         assert md["computed"].value == 4 and md["dim"].value == 32
 
 
-def test_unknown_captioner_partition_names_the_configured_ids(project: dict) -> None:
-    r = project["resources"]
+def test_unknown_captioner_partition_names_the_configured_ids(ingested_batch: dict) -> None:
+    r = ingested_batch["resources"]
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("raw_batches", ["photos-00001"])
         instance.add_dynamic_partitions("captioners", ["gone-12345678"])
@@ -95,10 +95,10 @@ def test_unknown_captioner_partition_names_the_configured_ids(project: dict) -> 
         assert "no captioner with id 'gone-12345678'" in text and "detailed-" in text
 
 
-def test_lance_table_and_maintenance_job(project: dict) -> None:
+def test_lance_table_and_maintenance_job(ingested_batch: dict) -> None:
     from prx_assets.defs.lab import lance_maintenance, lance_table
 
-    r = project["resources"]
+    r = ingested_batch["resources"]
     assets = [*ALL, lance_table]
     with dg.instance_for_test() as instance:
         result = raw_batch_sensor(dg.build_sensor_context(instance=instance, resources=r))

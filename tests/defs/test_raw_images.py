@@ -16,7 +16,7 @@ from tests.helpers import write_folder_corpus, write_sources_yaml
 
 
 @pytest.fixture
-def project(tmp_path: Path, data_root: Path) -> dict:
+def folder_source(tmp_path: Path, data_root: Path) -> dict:
     folder = tmp_path / "incoming"
     write_folder_corpus(folder, n=5)
     cfg = write_sources_yaml(tmp_path / "config", f"""
@@ -46,27 +46,27 @@ def materialize(instance: dg.DagsterInstance, resources: dict, key: str,
                           partition_key=key, **kw)
 
 
-def test_sensor_adds_partitions_and_requests_one_run_each(project: dict) -> None:
+def test_sensor_adds_partitions_and_requests_one_run_each(folder_source: dict) -> None:
     with dg.instance_for_test() as instance:
-        result = run_sensor(instance, project["resources"])
+        result = run_sensor(instance, folder_source["resources"])
         assert [r.partition_key for r in result.run_requests] == ["photos-00001", "photos-00002"]
         assert [r.run_key for r in result.run_requests] == ["raw_images:photos-00001", "raw_images:photos-00002"]
         assert json.loads(result.cursor) == {"photos": 2}
         for req in result.dynamic_partitions_requests:
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-        again = run_sensor(instance, project["resources"], cursor=result.cursor)
+        again = run_sensor(instance, folder_source["resources"], cursor=result.cursor)
         assert again.run_requests == [] and again.skip_reason
 
-        write_folder_corpus(project["folder"], n=2, seed=9, broken=False)
-        third = run_sensor(instance, project["resources"], cursor=again.cursor)
+        write_folder_corpus(folder_source["folder"], n=2, seed=9, broken=False)
+        third = run_sensor(instance, folder_source["resources"], cursor=again.cursor)
         assert [r.partition_key for r in third.run_requests] == ["photos-00003"]
 
 
-def test_materialize_partition_metadata_version_and_check(project: dict) -> None:
+def test_materialize_partition_metadata_version_and_check(folder_source: dict) -> None:
     with dg.instance_for_test() as instance:
-        result = run_sensor(instance, project["resources"])
+        result = run_sensor(instance, folder_source["resources"])
         instance.add_dynamic_partitions("raw_batches", [r.partition_key for r in result.run_requests])
-        res = materialize(instance, project["resources"], "photos-00001")
+        res = materialize(instance, folder_source["resources"], "photos-00001")
         assert res.success
         mat = res.asset_materializations_for_node("raw_images")[0]
         md = mat.metadata
@@ -78,65 +78,65 @@ def test_materialize_partition_metadata_version_and_check(project: dict) -> None
         assert version == md["lance_version"].value
         (check,) = res.get_asset_check_evaluations()
         assert check.passed and check.partition == "photos-00001"
-        assert check.metadata["quality"].value == 92
+        assert check.metadata["quality"].value == "92"
         assert check.metadata["sampled"].value == 4
         assert "data:image/png;base64," in check.metadata["psnr_curve_chart"].value
         assert "data:image/jpeg;base64," in md["contact_sheet"].value
         assert all("data:image/png;base64," in md[k].value
                    for k in ("aspect_bucket_histogram", "resolution_histogram"))
 
-        second = materialize(instance, project["resources"], "photos-00002")
+        second = materialize(instance, folder_source["resources"], "photos-00002")
         md2 = second.asset_materializations_for_node("raw_images")[0].metadata
         assert md2["dagster/row_count"].value == 1
         assert md2["rejects_by_reason"].value == {"empty": 1, "not_image": 1, "too_small": 1}
         assert "zero.jpg" in md2["reject_examples"].value
 
         # Re-materializing without changes: same rows, the data version does not move.
-        res2 = materialize(instance, project["resources"], "photos-00001")
+        res2 = materialize(instance, folder_source["resources"], "photos-00001")
         mat2 = res2.asset_materializations_for_node("raw_images")[0]
         assert mat2.tags["dagster/data_version"] == str(version)
         assert mat2.metadata["rows_inserted_updated_deleted"].value == "0/0/0"
-        ds = lance.dataset(str(project["root"] / "lance" / "images.lance"))
+        ds = lance.dataset(str(folder_source["root"] / "lance" / "images.lance"))
         assert ds.count_rows() == 5
 
 
-def test_new_batch_does_not_reprocess_old_ones(project: dict) -> None:
+def test_new_batch_does_not_reprocess_old_ones(folder_source: dict) -> None:
     with dg.instance_for_test() as instance:
-        for req in run_sensor(instance, project["resources"]).dynamic_partitions_requests:
+        for req in run_sensor(instance, folder_source["resources"]).dynamic_partitions_requests:
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-        materialize(instance, project["resources"], "photos-00001")
-        materialize(instance, project["resources"], "photos-00002")
-        ds = lance.dataset(str(project["root"] / "lance" / "images.lance"))
+        materialize(instance, folder_source["resources"], "photos-00001")
+        materialize(instance, folder_source["resources"], "photos-00002")
+        ds = lance.dataset(str(folder_source["root"] / "lance" / "images.lance"))
         frags_before = {f.fragment_id for f in ds.get_fragments()}
-        write_folder_corpus(project["folder"], n=3, seed=5, broken=False)
-        third = run_sensor(instance, project["resources"])
+        write_folder_corpus(folder_source["folder"], n=3, seed=5, broken=False)
+        third = run_sensor(instance, folder_source["resources"])
         (req,) = third.run_requests
         instance.add_dynamic_partitions("raw_batches", [req.partition_key])
-        res = materialize(instance, project["resources"], req.partition_key)
+        res = materialize(instance, folder_source["resources"], req.partition_key)
         mat = res.asset_materializations_for_node("raw_images")[0]
         assert mat.metadata["rows_inserted_updated_deleted"].value == "3/0/0"
-        ds = lance.dataset(str(project["root"] / "lance" / "images.lance"))
+        ds = lance.dataset(str(folder_source["root"] / "lance" / "images.lance"))
         assert frags_before <= {f.fragment_id for f in ds.get_fragments()}
         assert ds.count_rows() == 5 + 3
 
 
-def test_q92_check_fails_when_quality_is_absurdly_low(project: dict) -> None:
-    cfg: Path = project["config"]
+def test_q92_check_fails_when_quality_is_absurdly_low(folder_source: dict) -> None:
+    cfg: Path = folder_source["config"]
     cfg.write_text(cfg.read_text().replace("batch_size: 4", "batch_size: 4\n    ingest: {jpeg_quality: 3}"))
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("raw_batches", ["photos-00001"])
-        run_sensor(instance, project["resources"])
-        res = materialize(instance, project["resources"], "photos-00001", raise_on_error=False)
+        run_sensor(instance, folder_source["resources"])
+        res = materialize(instance, folder_source["resources"], "photos-00001", raise_on_error=False)
         (check,) = res.get_asset_check_evaluations()
         assert not check.passed
         assert "quality 3" in (check.description or "")
         assert not res.success  # the check is blocking
 
 
-def test_bad_partition_key_fails_with_a_fix(project: dict) -> None:
+def test_bad_partition_key_fails_with_a_fix(folder_source: dict) -> None:
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("raw_batches", ["photos-00042"])
-        res = materialize(instance, project["resources"], "photos-00042", raise_on_error=False)
+        res = materialize(instance, folder_source["resources"], "photos-00042", raise_on_error=False)
         assert not res.success
         errors = [e.step_failure_data.error for e in res.all_events if e.is_step_failure]
         text = str(errors[0].cause or errors[0]) if errors else ""

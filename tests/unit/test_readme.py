@@ -49,3 +49,13 @@ def test_every_core_package_is_in_the_layout() -> None:
         for mod in sub.glob("*.py"):
             if mod.name != "__init__.py":
                 assert mod.name in block, f"core/{sub.name}/{mod.name} is missing from the README layout"
+
+
+def test_packaged_demo_config_is_the_repository_config() -> None:
+    """The wheel ships config/ as package data; the two copies must not drift."""
+    from prx_assets.core.config.project import default_config_files
+
+    shipped = default_config_files()
+    repo = {p.name: p.read_bytes() for p in (REPO / "config").glob("*.yaml")}
+    assert shipped == repo, "copy config/*.yaml to prx_assets/defaults/config/ (the wheel ships that copy)"
+    assert (REPO / "prx_assets" / "defaults" / "dagster.yaml").read_bytes() == (REPO / "dagster.yaml").read_bytes()

@@ -19,14 +19,16 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from prx_assets.errors import ConfigError
+
+T = TypeVar("T")
 
 DEFAULT_DATA_ROOT = "./data"
 DEFAULT_CONFIG_DIR = "./config"
@@ -46,6 +48,25 @@ def data_root() -> str:
     if "://" in root:
         return root.rstrip("/")
     return str(Path(root).expanduser().resolve())
+
+
+def default_config_files() -> dict[str, bytes]:
+    """The demo project's config files shipped inside the package (name -> bytes)."""
+    import importlib.resources
+
+    folder = importlib.resources.files("prx_assets") / "defaults" / "config"
+    return {f.name: f.read_bytes() for f in folder.iterdir() if f.name.endswith(".yaml")}
+
+
+def ensure_config_dir() -> tuple[Path, bool]:
+    """The config folder, created from the packaged demo config if it does not exist; (folder, created)."""
+    folder = config_dir()
+    if folder.exists():
+        return folder, False
+    folder.mkdir(parents=True)
+    for name, data in default_config_files().items():
+        (folder / name).write_bytes(data)
+    return folder, True
 
 
 def config_dir() -> Path:
@@ -142,12 +163,7 @@ class SourcesConfig:
 
     def get(self, name: str) -> SourceConfig:
         """Return the source called ``name`` or raise a ConfigError listing the known ones."""
-        for src in self.sources:
-            if src.name == name:
-                return src
-        known = ", ".join(s.name for s in self.sources) or "(none)"
-        raise ConfigError(f"no source named {name!r}; known sources: {known}", path=self.path,
-                          fix="add it to sources.yaml or use one of the known names")
+        return named(self.sources, name, "source", self.path, "add it to sources.yaml or use one of the known names")
 
 
 def expand_env(value: str) -> str:
@@ -258,6 +274,23 @@ def read_yaml(path: Path, missing_fix: str) -> Any:
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError(f"malformed YAML{where}: {problem}", path=spath,
                           fix="fix the YAML syntax") from None
+
+
+def read_entries(path: Path, key: str, example: str) -> list[Any]:
+    """The top-level ``key:`` list of a config file (``recipes:``, ``mixtures:``), or a ConfigError with ``example``."""
+    doc = read_yaml(path, "create it or point PRX_CONFIG_DIR at its folder") or {}
+    if not isinstance(doc, Mapping) or not isinstance(doc.get(key), list):
+        raise ConfigError(f"expected a mapping with a '{key}:' list", path=str(path), fix=f"write {example}")
+    return doc[key]
+
+
+def named(items: Sequence[T], name: str, what: str, path: str, fix: str) -> T:
+    """The item whose ``name`` is ``name``; else a ConfigError listing the known names."""
+    for item in items:
+        if getattr(item, "name", None) == name:
+            return item
+    known = ", ".join(getattr(i, "name", "?") for i in items) or "(none)"
+    raise ConfigError(f"no {what} named {name!r}; known {what}s: {known}", path=path, fix=fix)
 
 
 def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prx_assets.core.config.project import config_dir, expand_env, read_yaml
+from prx_assets.core.config.project import config_dir, expand_env, named, read_entries
 from prx_assets.errors import ConfigError
 
 RECIPE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -97,12 +97,7 @@ class RecipesConfig:
 
     def get(self, name: str) -> Recipe:
         """The recipe called ``name``; the error lists the known ones."""
-        for r in self.recipes:
-            if r.name == name:
-                return r
-        known = ", ".join(r.name for r in self.recipes) or "(none)"
-        raise ConfigError(f"no recipe named {name!r}; known recipes: {known}", path=self.path,
-                          fix="add it to recipes.yaml or use a known name")
+        return named(self.recipes, name, "recipe", self.path, "add it to recipes.yaml or use a known name")
 
 
 def _bad(msg: str, path: str, where: str, fix: str) -> ConfigError:
@@ -185,12 +180,9 @@ def load_recipes(path: str | os.PathLike[str] | None = None) -> RecipesConfig:
     """
     cfg = Path(path) if path is not None else config_dir() / "recipes.yaml"
     spath = str(cfg)
-    doc = read_yaml(cfg, "create it or point PRX_CONFIG_DIR at its folder") or {}
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("recipes"), list):
-        raise ConfigError("expected a mapping with a 'recipes:' list", path=spath,
-                          fix="write recipes: [{name: all, where: \"width >= 256\"}]")
+    entries = read_entries(cfg, "recipes", "recipes: [{name: all, where: \"width >= 256\"}]")
     recipes: list[Recipe] = []
-    for i, raw in enumerate(doc["recipes"]):
+    for i, raw in enumerate(entries):
         recipe = _parse_one(raw, i, cfg)
         if any(r.name == recipe.name for r in recipes):
             raise ConfigError("duplicate recipe name", path=spath, entry=f"recipe {recipe.name!r}",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prx_assets.core.config.project import config_dir, read_yaml
+from prx_assets.core.config.project import config_dir, read_entries
 from prx_assets.core.manifests import MixtureSpec, MixtureStream, ShardSetManifest
 from prx_assets.errors import ConfigError
 
@@ -54,12 +54,9 @@ def load_mixtures(path: str | os.PathLike[str] | None = None,
     """Parse ``mixtures.yaml``; a stream naming an unknown recipe fails with the known ones."""
     cfg = Path(path) if path is not None else config_dir() / "mixtures.yaml"
     spath = str(cfg)
-    doc = read_yaml(cfg, "create it or point PRX_CONFIG_DIR at its folder") or {}
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("mixtures"), list):
-        raise ConfigError("expected a mapping with a 'mixtures:' list", path=spath,
-                          fix="write mixtures: [{name: base, streams: [{recipe: r, proportion: 1}]}]")
+    entries = read_entries(cfg, "mixtures", "mixtures: [{name: base, streams: [{recipe: r, proportion: 1}]}]")
     out: dict[str, Mixture] = {}
-    for i, raw in enumerate(doc["mixtures"]):
+    for i, raw in enumerate(entries):
         name = raw.get("name") if isinstance(raw, Mapping) else None
         if not isinstance(name, str) or not NAME_RE.match(name) or name in out:
             raise ConfigError(f"mixture name {name!r} is invalid or duplicated", path=spath, entry=f"mixtures[{i}]",

@@ -1,0 +1,641 @@
+"""`prx-assets`: the command-line entry point.
+
+Verbs:
+
+- ``demo``       generate the demo corpus under the data root, then ``run`` everything
+- ``models``     build the tiny offline models that models.yaml points at (if missing)
+- ``discover``   find new files in every source and register ingest-batch partitions
+- ``run``        materialize, in-process and in dependency order, every missing or stale
+                 partition of the selected assets (all by default), with progress
+- ``query``      filter, vector or full-text search the lab, at any version, with plans
+- ``status``     sources, batches and which partitions are materialized
+- ``rejects``    list rejected files with their reasons
+
+Runs are recorded in the Dagster instance at ``$DAGSTER_HOME`` (default
+``./.dagster_home``), so the UI (``make dev``) shows them.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from prx_assets.core import layout
+from prx_assets.core.config.project import data_root, load_sources
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TABLE
+from prx_assets.core.lab.sql import where_all, where_eq
+from prx_assets.core.lab.table import open_table, table_uri
+from prx_assets.errors import PrxError
+from prx_assets.resources.storage import ProjectConfigResource
+
+
+def ensure_dagster_home() -> Path:
+    """Use ``$DAGSTER_HOME``, defaulting to ``./.dagster_home`` seeded with ``./dagster.yaml``."""
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        home = str(Path(".dagster_home").resolve())
+        os.environ["DAGSTER_HOME"] = home
+    path = Path(home)
+    path.mkdir(parents=True, exist_ok=True)
+    project_yaml = Path("dagster.yaml")
+    target = path / "dagster.yaml"
+    if project_yaml.is_file() and project_yaml.resolve() != target.resolve() and (
+            not target.exists() or target.read_bytes() != project_yaml.read_bytes()):
+        shutil.copyfile(project_yaml, target)
+    return path
+
+
+def _instance() -> dg.DagsterInstance:
+    ensure_dagster_home()
+    return dg.DagsterInstance.get()
+
+
+def _root() -> DataRoot:
+    return DataRoot(data_root())
+
+
+def _models_config() -> Any:
+    from prx_assets.core.config.project import config_dir
+    from prx_assets.core.models.config import load_models
+
+    path = config_dir() / "models.yaml"
+    return load_models(path) if path.is_file() else None
+
+
+def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, Any]]) -> list[str]:
+    """Register discovered batches and configured captioner ids, recipes and mixtures as partitions."""
+    from prx_assets.defs.partitions import missing_partitions
+
+    fresh = missing_partitions(instance, ProjectConfigResource(), (k for r in reports for k in r["all_batches"]))
+    for name, keys in fresh.items():
+        instance.add_dynamic_partitions(name, keys)
+    return [k for keys in fresh.values() for k in keys]
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """Build the tiny offline models referenced by models.yaml."""
+    from prx_assets.core.demo.tiny_models import ensure_tiny_models
+
+    models = _models_config()
+    if models is None:
+        print("no models.yaml in the config folder")
+        return 0
+    paths = [c.model for c in models.captioners] + ([models.embedder.model] if models.embedder else []) + \
+        ([models.text_encoder.model] if models.text_encoder else [])
+    built = ensure_tiny_models(paths)
+    for p in built:
+        print(f"built {p}")
+    if not built:
+        print("all tiny models present (models that are not tiny-* folders are loaded by name)")
+    for c in models.captioners:
+        print(f"captioner {c.captioner_id()}: {c.model}")
+    if models.embedder:
+        print(f"embedder {models.embedder.embedder_id()}: {models.embedder.model}")
+    if models.text_encoder:
+        print(f"text encoder {models.text_encoder.tower()}: {models.text_encoder.model}")
+    return 0
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    """Discover new files and register their batch partitions."""
+    from prx_assets.defs.ingest import discover_batches
+
+    instance = _instance()
+    reports = discover_batches(_root(), load_sources(), only=args.source)
+    new = register_partitions(instance, reports)
+    for r in reports:
+        changed = f", {r['changed_units']} changed (not re-batched)" if r["changed_units"] else ""
+        print(f"{r['source']}: {r['new_units']} new units -> {len(r['new_batches'])} new batches "
+              f"({r['batches']} total){changed}")
+    print(f"registered {len(new)} new partitions")
+    return 0
+
+
+def selected_keys(defs: dg.Definitions, select: str | None) -> list[dg.AssetKey]:
+    """Asset keys of a Dagster selection string (all by default), in dependency order."""
+    graph = defs.resolve_asset_graph()
+    order = list(graph.toposorted_asset_keys)
+    if select:
+        chosen = dg.AssetSelection.from_string(select).resolve(graph)
+        order = [k for k in order if k in chosen]
+    return order
+
+
+def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | None,
+             keys: list[dg.AssetKey] | None = None,
+             skipped: dict[str, str] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
+    """Missing or stale (asset, partition) pairs of the selection (or ``keys``), in dependency order.
+
+    Partitions that nothing backs any more (see ``orphan_partitions``) are left out; when
+    ``skipped`` is given it receives ``{"asset[partition]": why}`` for each.
+    """
+    from prx_assets.defs.partitions import is_orphan, orphan_partitions
+    from prx_assets.defs.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
+
+    order = keys if keys is not None else selected_keys(defs, select)
+    root = _root()
+    orphans = orphan_partitions(instance, ProjectConfigResource(), root)
+    ctx = FingerprintContext(root=root, sources=load_sources(), instance=instance,
+                             models=_models_config())
+    plan: list[tuple[dg.AssetKey, str | None]] = []
+    for key in order:
+        asset_def = defs.resolve_assets_def(key)
+        pdef = asset_def.partitions_def
+        if pdef is None:
+            partitions: list[str | None] = [None]
+        else:
+            partitions = list(pdef.get_partition_keys(dynamic_partitions_store=instance))
+        recorded = recorded_fingerprints(instance, key)
+        fp_fn = fingerprint_for(key)
+        for pk in partitions:
+            why = is_orphan(orphans, pdef, pk)
+            if why:
+                if skipped is not None:
+                    skipped[f"{key.to_user_string()}[{pk}]"] = why
+                continue
+            if pk not in recorded or (fp_fn is not None and recorded[pk] != fp_fn(ctx, pk)):
+                plan.append((key, pk))
+    return plan
+
+
+def _result_line(result: dg.ExecuteInProcessResult) -> str:
+    parts = []
+    for mat in result.get_asset_materialization_events():
+        md = mat.materialization.metadata
+        if "dagster/row_count" in md:
+            parts.append(f"{md['dagster/row_count'].value} rows")
+        if "rejected" in md:
+            parts.append(f"{md['rejected'].value} rejected")
+        if "computed" in md:
+            parts.append(f"{md['computed'].value} computed, {md['reused_same_content'].value} reused")
+        if "lance_version" in md:
+            parts.append(f"lance v{md['lance_version'].value}")
+    for ev in result.get_asset_check_evaluations():
+        verdict = "passed" if ev.passed else ("FAILED" if ev.severity == dg.AssetCheckSeverity.ERROR
+                                              else "warning")
+        parts.append(f"check {ev.check_name}: {verdict}")
+    return ", ".join(parts)
+
+
+def _failure_lines(result: dg.ExecuteInProcessResult) -> list[str]:
+    lines = [f"check {ev.check_name} failed: {ev.description or ''}"
+             for ev in result.get_asset_check_evaluations() if not ev.passed]
+    for ev in result.all_events:
+        if ev.is_step_failure and ev.step_failure_data is not None and ev.step_failure_data.error:
+            err = ev.step_failure_data.error
+            while err.cause is not None and "DagsterExecutionStepExecutionError" in err.cls_name:
+                err = err.cause
+            if "AssetCheckFailed" not in err.cls_name:
+                lines.append(f"{err.cls_name}: {err.message.strip()}")
+    return lines
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Materialize missing or stale partitions in dependency order."""
+    from prx_assets.definitions import defs
+    from prx_assets.defs.ingest import discover_batches
+
+    instance = _instance()
+    reports = discover_batches(_root(), load_sources())
+    register_partitions(instance, reports)
+    skipped: dict[str, str] = {}
+    plan = plan_run(defs, instance, args.select, skipped=skipped)
+    _report_skipped(skipped)
+    if not plan:
+        print("everything is up to date")
+        return 0
+    print(f"{len(plan)} partitions to materialize")
+    if args.dry_run:
+        for key, pk in plan:
+            print(f"  {key.to_user_string()} {pk or ''}")
+        return 0
+    job = defs.resolve_implicit_global_asset_job_def()
+    level = "INFO" if args.verbose else "CRITICAL"
+    failed = done = 0
+    total = len(plan)
+    for key in selected_keys(defs, args.select):
+        planned = sum(1 for k, _ in plan if k == key)
+        # Re-plan each asset just before it runs: its upstream may have changed in this run.
+        todo = plan_run(defs, instance, None, keys=[key])
+        total += max(0, len(todo) - planned)
+        for _, pk in todo:
+            done += 1
+            failed += _execute(job, instance, key, pk, level, f"[{done}/{total}]")
+    if failed:
+        print(f"{failed} of {done} partitions failed")
+        return 1
+    return 0
+
+
+def _report_skipped(skipped: dict[str, str]) -> None:
+    if not skipped:
+        return
+    print(f"skipping {len(skipped)} partitions that nothing backs any more "
+          "(`prx-assets partitions --prune` removes them):")
+    for name, why in list(skipped.items())[:10]:
+        print(f"  {name}: {why}")
+    if len(skipped) > 10:
+        print(f"  ... and {len(skipped) - 10} more")
+
+
+def cmd_partitions(args: argparse.Namespace) -> int:
+    """List registered dynamic partitions and the orphans among them; ``--prune`` removes orphans."""
+    from prx_assets.defs.partitions import orphan_partitions
+
+    instance = _instance()
+    orphans = orphan_partitions(instance, ProjectConfigResource(), _root())
+    for name in ("raw_batches", "captioners", "recipes", "mixtures"):
+        keys = instance.get_dynamic_partitions(name)
+        bad = orphans.get(name, {})
+        print(f"{name}: {len(keys)} registered, {len(bad)} orphaned")
+        for key, why in bad.items():
+            print(f"  {key}: {why}")
+            if args.prune:
+                instance.delete_dynamic_partition(name, key)
+    total = sum(len(v) for v in orphans.values())
+    if args.prune:
+        print(f"removed {total} orphaned partitions")
+    elif total:
+        print("run `prx-assets partitions --prune` to remove them (their materialization history stays)")
+    return 0
+
+
+def _execute(job: Any, instance: dg.DagsterInstance, key: dg.AssetKey, pk: str | None, level: str,
+             prefix: str) -> int:
+    """Materialize one partition in-process; print one line; return 1 on failure."""
+    started = time.perf_counter()
+    result = job.execute_in_process(
+        instance=instance, partition_key=pk, asset_selection=[key], raise_on_error=False,
+        run_config={"loggers": {"console": {"config": {"log_level": level}}}},
+        tags={"prx/launched_by": "prx-assets run"})
+    took = time.perf_counter() - started
+    status = "ok" if result.success else "FAILED"
+    print(f"{prefix} {key.to_user_string()} {pk or ''}: {status} "
+          f"({took:.1f}s) {_result_line(result)}", flush=True)
+    if result.success:
+        return 0
+    for line in _failure_lines(result):
+        print(f"    {line}")
+    return 1
+
+
+def table_summary(root: DataRoot) -> dict[str, Any]:
+    """Rows per source, rejects per reason, and versions of the Lance tables."""
+    out: dict[str, Any] = {"data_root": root.uri}
+    images = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
+    if images is not None:
+        t = images.to_table(columns=["source", "jpeg_bytes"])
+        out["images"] = {
+            "rows": t.num_rows,
+            "by_source": dict(sorted(Counter(t.column("source").to_pylist()).items())),
+            "jpeg_bytes": sum(t.column("jpeg_bytes").to_pylist()),
+            "lance_version": images.version,
+            "uri": images.uri,
+        }
+    captions = open_table(table_uri(root, CAPTIONS_TABLE), root.storage_options())
+    if captions is not None:
+        t = captions.to_table(columns=["captioner_id"])
+        out["captions"] = {"rows": t.num_rows, "lance_version": captions.version,
+                           "by_captioner": dict(sorted(Counter(t.column("captioner_id").to_pylist()).items()))}
+    names = {layout.table_name(p.split("/")[1]) for p in root.list(layout.LANCE_DIR)}
+    for name in sorted(n for n in names if n and n.startswith("embeddings_")):
+        ds = open_table(table_uri(root, name), root.storage_options())
+        if ds is not None:
+            out.setdefault("embeddings", {})[name] = {
+                "rows": ds.count_rows(), "dim": ds.schema.field("embedding").type.list_size}
+    rejects = open_table(table_uri(root, REJECTS_TABLE), root.storage_options())
+    if rejects is not None:
+        t = rejects.to_table(columns=["reason"])
+        out["rejects"] = {"rows": t.num_rows,
+                          "by_reason": dict(sorted(Counter(t.column("reason").to_pylist()).items()))}
+    return out
+
+
+def asset_status(instance: dg.DagsterInstance) -> list[dict[str, Any]]:
+    """Per asset, in dependency order: registered partitions and how many are materialized."""
+    from prx_assets.definitions import defs
+
+    out = []
+    for key in selected_keys(defs, None):
+        pdef = defs.resolve_assets_def(key).partitions_def
+        if pdef is None:
+            done = instance.get_latest_materialization_event(key) is not None
+            out.append({"asset": key.to_user_string(), "partitions": 1, "materialized": int(done)})
+            continue
+        keys = set(pdef.get_partition_keys(dynamic_partitions_store=instance))
+        done_keys = set(instance.get_materialized_partitions(key)) & keys
+        out.append({"asset": key.to_user_string(), "partitions": len(keys), "materialized": len(done_keys)})
+    return out
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The table summary as short human lines."""
+    lines = [f"data root: {summary['data_root']}"]
+    if "images" in summary:
+        im = summary["images"]
+        by_source = ", ".join(f"{k} {v}" for k, v in im["by_source"].items())
+        lines.append(f"images: {im['rows']} rows ({by_source}), {im['jpeg_bytes'] / 1e6:.1f} MB of JPEG, "
+                     f"Lance v{im['lance_version']}")
+    if "captions" in summary:
+        c = summary["captions"]
+        lines.append(f"captions: {c['rows']} rows from {len(c['by_captioner'])} captioners "
+                     f"({', '.join(c['by_captioner'])})")
+    for name, e in summary.get("embeddings", {}).items():
+        lines.append(f"{name}: {e['rows']} vectors of dim {e['dim']}")
+    if "rejects" in summary:
+        r = summary["rejects"]
+        lines.append(f"rejects: {r['rows']} ({', '.join(f'{k} {v}' for k, v in r['by_reason'].items())}); "
+                     "`prx-assets rejects` lists them")
+    return lines
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print sources, batches, every asset's materialized partitions and the tables."""
+    from prx_assets.core.ingest.batches import load_manifests
+
+    instance = _instance()
+    root = _root()
+    materialized = set(instance.get_materialized_partitions(dg.AssetKey("raw_images")))
+    sources = []
+    for src in load_sources().sources:
+        manifests = load_manifests(root, src.name)
+        sources.append({"source": src.name, "kind": src.kind, "location": src.location,
+                        "batches": len(manifests), "ingested": sum(1 for m in manifests if m.key in materialized),
+                        "items": sum(m.weight for m in manifests)})
+    assets = asset_status(instance)
+    summary = table_summary(root)
+    if args.json:
+        print(json.dumps({"sources": sources, "assets": assets, "tables": summary}, indent=1))
+        return 0
+    print("sources:")
+    for s in sources:
+        print(f"  {s['source']} ({s['kind']} {s['location']}): {s['batches']} batches, {s['ingested']} ingested, "
+              f"{s['items']} items")
+    print("assets (materialized / registered partitions):")
+    width = max(len(a["asset"]) for a in assets)
+    for a in assets:
+        state = "up to date" if a["partitions"] and a["materialized"] == a["partitions"] else \
+            ("nothing yet" if not a["materialized"] else "partly")
+        print(f"  {a['asset'].ljust(width)}  {a['materialized']:>5} / {a['partitions']:<5} {state}")
+    print("tables:")
+    for line in summary_lines(summary):
+        print(f"  {line}")
+    print("`prx-assets run --dry-run` lists what is missing or stale")
+    return 0
+
+
+def cmd_rejects(args: argparse.Namespace) -> int:
+    """List rejected files."""
+    from prx_assets.core.ingest.images import RejectReason
+
+    root = _root()
+    if args.source:
+        known = [s.name for s in load_sources().sources]
+        if args.source not in known:
+            raise PrxError(f"unknown source {args.source!r}; sources.yaml has: {', '.join(known)}")
+    if args.reason:
+        reasons = [r.value for r in RejectReason]
+        if args.reason not in reasons:
+            raise PrxError(f"unknown reason {args.reason!r}; reasons are: {', '.join(reasons)}")
+    ds = open_table(table_uri(root, REJECTS_TABLE), root.storage_options())
+    if ds is None:
+        print("no rejects table yet")
+        return 0
+    where = where_all(where_eq("source", args.source) if args.source else None,
+                      where_eq("reason", args.reason) if args.reason else None)
+    rows = ds.to_table(columns=["source", "batch", "reason", "uri", "message"],
+                       filter=where).to_pylist()
+    for r in rows[: args.limit]:
+        print(json.dumps(r) if args.json else
+              f"{r['reason']:<20} {r['batch']:<18} {r['uri']}\n{'':<20} {r['message']}")
+    print(f"{len(rows)} rejects", file=sys.stderr)
+    return 0
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return f"<{len(v)} bytes>"
+    if isinstance(v, list) and len(v) > 4:
+        return [round(x, 4) if isinstance(x, float) else x for x in v[:4]] + ["..."]
+    if isinstance(v, float):
+        return round(v, 4)
+    return v
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    """Query the lab and print rows as a table or JSON lines."""
+    from prx_assets.core.lab.query import open_lab, query, versions
+
+    ds = open_lab(_root(), version=args.version, tag=args.tag)
+    if args.versions:
+        vs = versions(ds)
+        if args.json:
+            for v in vs:
+                print(json.dumps(v))
+        else:
+            print_table([{"version": v["version"], "timestamp": v["timestamp"], "tags": ", ".join(v["tags"])}
+                         for v in vs])
+        return 0
+    cols = [c.strip() for c in args.columns.split(",")] if args.columns else None
+    res = query(ds, where=args.where, columns=cols, limit=args.limit, near=args.near, k=args.k,
+                text=args.text, explain=args.explain)
+    if args.explain:
+        print(res.plan)
+        print(json.dumps(res.stats))
+    rows = [{k: _cell(v) for k, v in r.items()} for r in res.table.to_pylist()]
+    if args.json:
+        for r in rows:
+            print(json.dumps(r, default=str))
+    else:
+        print_table(rows)
+    print(f"{len(rows)} rows (version {ds.version})", file=sys.stderr)
+    return 0
+
+
+#: Widest a table cell gets; longer values are cut in the middle with an ellipsis (`--json` shows them whole).
+CELL_WIDTH = 60
+
+
+def _fit(value: Any, width: int = CELL_WIDTH) -> str:
+    text = str(value)
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: keep // 2] + "\u2026" + text[len(text) - (keep - keep // 2):]
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Rows as aligned columns; long cells are shortened with an ellipsis in the middle."""
+    if not rows:
+        return
+    names = list(rows[0])
+    cells = [[_fit(r[n]) for n in names] for r in rows]
+    widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
+    print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip())
+    for c in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+
+
+def _print_training(instance: dg.DagsterInstance) -> None:
+    """Where the latest training runs ran (SLURM or local subprocess) and what they reported."""
+    from prx_assets.defs.staleness import latest_materialization
+
+    key = dg.AssetKey("training_run")
+    for pk in instance.get_dynamic_partitions("mixtures"):
+        mat = latest_materialization(instance, key, pk)
+        if mat is None:
+            continue
+        md = {k: v.value for k, v in mat.metadata.items()}
+        where = "on the local SLURM cluster" if md.get("job_mode") == "slurm" else \
+            "as a local subprocess (SLURM not up; `make slurm-up` starts it)"
+        print(f"training_run[{pk}] ran {where}: job {md.get('job_id')}, {md.get('steps')} steps, loss "
+              f"{md.get('loss_first')} -> {md.get('loss_last')}, {md.get('samples_per_second')} samples/s, "
+              f"text latents {md.get('mode')}; checkpoint {md.get('checkpoint')}")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Generate the demo corpus (if absent) and run the whole graph."""
+    from prx_assets.core.config.project import ensure_config_dir
+    from prx_assets.core.demo.corpus import generate_demo_corpus
+
+    folder, created = ensure_config_dir()
+    if created:
+        print(f"no config folder here: wrote the demo config to {folder} (edit it to add your sources)")
+    root = _root()
+    marker = layout.DEMO_MARKER
+    if args.regenerate or not root.exists(marker):
+        print(f"generating the demo corpus under {root.join(layout.DEMO_DIR)} ...", flush=True)
+        sizes = {"n_photos": 20, "n_catalog": 10, "n_web": 8} if args.small else {}
+        summary = generate_demo_corpus(root, **sizes)
+        root.write_bytes(marker, json.dumps(summary.to_dict(), indent=1).encode())
+        print(f"  wrote {dict(summary.files)}; {len(summary.broken)} deliberately broken inputs")
+    else:
+        print(f"demo corpus already present under {root.join(layout.DEMO_DIR)}")
+    cmd_models(args)
+    rc = cmd_run(argparse.Namespace(select=None, dry_run=False, verbose=args.verbose))
+    print("\nsummary:")
+    for line in summary_lines(table_summary(root)):
+        print(f"  {line}")
+    _print_training(_instance())
+    print(f"\nDagster instance: {os.environ['DAGSTER_HOME']} -- open the UI with `make dev`")
+    hint = path_hint()
+    if hint:
+        print(hint)
+    return rc
+
+
+def path_hint() -> str | None:
+    """How to reach ``prx-assets`` when this interpreter's bin folder is not on PATH (else ``None``)."""
+    bindir = Path(sys.executable).parent
+    found = shutil.which("prx-assets")
+    if found and Path(found).parent.resolve() == bindir.resolve():
+        return None
+    return (f"prx-assets lives in {bindir}: run `source {bindir}/activate` (or call {bindir}/prx-assets) "
+            "to use `prx-assets status`, `query`, `lineage`, ...")
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    """Print the chain from a training run or shard set back to the source files."""
+    from prx_assets.core.lineage import render
+    from prx_assets.lineage_report import lineage_for
+
+    lineage = lineage_for(_instance(), _root(), args.target)
+    print(json.dumps(lineage, indent=1, default=str) if args.json else render(lineage))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for docs and tests)."""
+    p = argparse.ArgumentParser(prog="prx-assets", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+    d = sub.add_parser("demo", help="generate the demo corpus and run the whole graph")
+    d.add_argument("--regenerate", action="store_true", help="rewrite the demo corpus")
+    d.add_argument("--small", action="store_true",
+                   help="a 38-image corpus instead of 316, for a quick look (about a minute on 2 cores)")
+    d.add_argument("-v", "--verbose", action="store_true", help="show Dagster run logs")
+    d.set_defaults(fn=cmd_demo)
+    m = sub.add_parser("models", help="build the tiny offline models models.yaml points at")
+    m.set_defaults(fn=cmd_models)
+    s = sub.add_parser("discover", help="find new files and register ingest-batch partitions")
+    s.add_argument("--source", help="only this source")
+    s.set_defaults(fn=cmd_discover)
+    r = sub.add_parser("run", help="materialize missing or stale partitions in dependency order")
+    r.add_argument("--select", help="Dagster asset selection, e.g. 'raw_images' or 'raw_images+'")
+    r.add_argument("--dry-run", action="store_true", help="only list what would run")
+    r.add_argument("-v", "--verbose", action="store_true", help="show Dagster run logs")
+    r.set_defaults(fn=cmd_run)
+    q = sub.add_parser("query", help="query the lab (filters, --near, --text, --version/--tag, --explain)")
+    q.add_argument("--where", help="SQL predicate, e.g. \"width >= 1024 AND source = 'photos'\"")
+    q.add_argument("--columns", help="comma-separated columns (default: image_id, source, width, height, "
+                                     "aspect_bucket, uri)")
+    q.add_argument("--limit", type=int, default=20)
+    q.add_argument("--near", metavar="IMAGE_ID", help="nearest images by embedding")
+    q.add_argument("-k", type=int, default=10, help="neighbours for --near")
+    q.add_argument("--text", help="full-text query over a caption column")
+    q.add_argument("--version", type=int, help="read this Lance version")
+    q.add_argument("--tag", help="read the version with this tag (e.g. published)")
+    q.add_argument("--explain", action="store_true", help="print the plan and rows/bytes read")
+    q.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    q.add_argument("--versions", action="store_true", help="list versions and tags (a table; --json for JSON)")
+    q.set_defaults(fn=cmd_query)
+    st = sub.add_parser("status", help="sources, batches, every asset's partitions and the tables")
+    st.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    st.set_defaults(fn=cmd_status)
+    pa_ = sub.add_parser("partitions", help="registered dynamic partitions and orphans (keys nothing backs)")
+    pa_.add_argument("--prune", action="store_true", help="remove orphaned partitions")
+    pa_.set_defaults(fn=cmd_partitions)
+    rj = sub.add_parser("rejects", help="list rejected files with reasons")
+    rj.add_argument("--source")
+    rj.add_argument("--reason")
+    rj.add_argument("--limit", type=int, default=50)
+    rj.add_argument("--json", action="store_true", help="JSON lines")
+    rj.set_defaults(fn=cmd_rejects)
+    li = sub.add_parser("lineage", help="training run or shard set -> mixture, shard sets, subsets, Lance "
+                                        "version, captioners, code versions, sources")
+    li.add_argument("target", help="a training run's Dagster run id, training_run[<mixture>], a mixture name, "
+                                   "a shard set id, or a shard set folder/URI")
+    li.add_argument("--json", action="store_true", help="JSON instead of a tree")
+    li.set_defaults(fn=cmd_lineage)
+    return p
+
+
+def quiet_known_warnings() -> None:
+    """Hide warnings about Dagster features this project uses knowingly, for the command's own output.
+
+    Set when the command starts (not at import): a library importing prx_assets keeps its own filters.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    warnings.filterwarnings("ignore", message="Asset job .* materializes assets with varying BackfillPolicies")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``prx-assets`` console script."""
+    args = build_parser().parse_args(argv)
+    quiet_known_warnings()
+    try:
+        rc = int(args.fn(args))
+        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
+        return rc
+    except PrxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`prx-assets query | head`): stop quietly, like other Unix tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Project configuration: the config folder, ``sources.yaml`` and where data lives."""

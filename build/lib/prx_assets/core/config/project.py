@@ -1,0 +1,394 @@
+"""Project configuration: data root, config folder and ``sources.yaml``.
+
+``sources.yaml`` minimal form::
+
+    sources:
+      - {name: photos, kind: folder, path: /data/photos}
+      - {name: pub, kind: s3, uri: s3://bucket/prefix}
+
+Optional top-level ``ingest:`` settings apply to every source; a source may override
+them under its own ``ingest:`` key. Values may reference environment variables as
+``${VAR}`` or ``${VAR:-default}``; ``${PRX_DATA_ROOT}`` always resolves (default
+``./data``). Relative local paths are resolved against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from prx_assets.errors import ConfigError
+
+T = TypeVar("T")
+
+DEFAULT_DATA_ROOT = "./data"
+DEFAULT_CONFIG_DIR = "./config"
+SOURCE_KINDS = ("folder", "s3", "parquet", "webdataset")
+SOURCE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+DEFAULT_EXTENSIONS = ("jpg", "jpeg", "jfif", "png", "webp", "gif", "bmp", "tif", "tiff")
+DEFAULT_ASPECT_BUCKETS = (
+    "9:21", "9:16", "2:3", "3:4", "4:5", "1:1", "5:4", "4:3", "3:2", "16:9", "21:9",
+)
+DEFAULT_BATCH_SIZE = {"folder": 2000, "s3": 2000, "parquet": 5000, "webdataset": 4}
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def data_root() -> str:
+    """Return the data root: ``$PRX_DATA_ROOT`` or ``./data``, local paths made absolute."""
+    root = os.environ.get("PRX_DATA_ROOT") or DEFAULT_DATA_ROOT
+    if "://" in root:
+        return root.rstrip("/")
+    return str(Path(root).expanduser().resolve())
+
+
+def default_config_files() -> dict[str, bytes]:
+    """The demo project's config files shipped inside the package (name -> bytes)."""
+    import importlib.resources
+
+    folder = importlib.resources.files("prx_assets") / "defaults" / "config"
+    return {f.name: f.read_bytes() for f in folder.iterdir() if f.name.endswith(".yaml")}
+
+
+def ensure_config_dir() -> tuple[Path, bool]:
+    """The config folder, created from the packaged demo config if it does not exist; (folder, created)."""
+    folder = config_dir()
+    if folder.exists():
+        return folder, False
+    folder.mkdir(parents=True)
+    for name, data in default_config_files().items():
+        (folder / name).write_bytes(data)
+    return folder, True
+
+
+def config_dir() -> Path:
+    """Return the config folder: ``$PRX_CONFIG_DIR`` or ``./config``, made absolute."""
+    return Path(os.environ.get("PRX_CONFIG_DIR") or DEFAULT_CONFIG_DIR).expanduser().resolve()
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    """How every image is validated and normalized.
+
+    Parameters
+    ----------
+    jpeg_quality:
+        JPEG quality of the stored bytes (the published threshold is 92).
+    jpeg_subsampling:
+        Chroma subsampling of the stored JPEG: ``4:2:0``, ``4:2:2`` or ``4:4:4``.
+    max_side:
+        Downscale so the longer side is at most this many pixels (``None``: keep).
+    min_side:
+        Reject images whose shorter side is below this many pixels.
+    max_aspect:
+        Reject images whose long/short side ratio exceeds this.
+    max_pixels:
+        Reject images whose header declares more pixels than this (decompression bombs);
+        judged before any pixel is decoded.
+    aspect_buckets:
+        Aspect-ratio buckets as ``"W:H"`` strings; each image gets the nearest in log ratio.
+    q92_cycles, q92_sample, q92_min_psnr_db:
+        The JPEG quality check: decode/encode cycles, images sampled per partition, and
+        the bound the sample's mean PSNR (against the original pixels) must stay above
+        after every cycle.
+    workers:
+        Threads that decode/encode in parallel within one partition (Pillow releases
+        the GIL); ``0`` means one per CPU.
+    """
+
+    jpeg_quality: int = 92
+    jpeg_subsampling: str = "4:2:0"
+    max_side: int | None = None
+    min_side: int = 64
+    max_aspect: float = 4.0
+    max_pixels: int = 100_000_000
+    aspect_buckets: tuple[str, ...] = DEFAULT_ASPECT_BUCKETS
+    q92_cycles: int = 10
+    q92_sample: int = 6
+    q92_min_psnr_db: float = 37.0
+    workers: int = 0
+
+    def normalization_fingerprint(self) -> str:
+        """Hash of the settings that change stored bytes (not check/worker settings)."""
+        keys = ("jpeg_quality", "jpeg_subsampling", "max_side", "min_side", "max_aspect",
+                "max_pixels", "aspect_buckets")
+        payload = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def effective_workers(self) -> int:
+        """Number of worker threads to use."""
+        return self.workers if self.workers > 0 else max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """One named image collection from ``sources.yaml``."""
+
+    name: str
+    kind: str
+    location: str
+    batch_size: int
+    extensions: tuple[str, ...] | None = DEFAULT_EXTENSIONS
+    recursive: bool = True
+    image_column: str = "image"
+    caption_field: str | None = None
+    license_field: str | None = None
+    license: str | None = None
+    carry: tuple[str, ...] = ()
+    ingest: IngestSettings = field(default_factory=IngestSettings)
+
+    def fingerprint(self) -> str:
+        """Hash of everything in this source's config that changes ingested rows."""
+        payload = dataclasses.asdict(self)
+        payload.pop("batch_size")
+        payload["ingest"] = self.ingest.normalization_fingerprint()
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class SourcesConfig:
+    """The parsed ``sources.yaml``."""
+
+    path: str
+    sources: tuple[SourceConfig, ...]
+    ingest: IngestSettings
+
+    def get(self, name: str) -> SourceConfig:
+        """Return the source called ``name`` or raise a ConfigError listing the known ones."""
+        return named(self.sources, name, "source", self.path, "add it to sources.yaml or use one of the known names")
+
+
+def expand_env(value: str) -> str:
+    """Expand ``${VAR}`` / ``${VAR:-default}``; ``PRX_DATA_ROOT`` defaults to the data root."""
+
+    def repl(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name == "PRX_DATA_ROOT":
+            return data_root()
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise KeyError(name)
+
+    return _ENV_RE.sub(repl, value)
+
+
+_INGEST_FIELDS = {f.name: f for f in dataclasses.fields(IngestSettings)}
+_SOURCE_KEYS = {"name", "kind", "path", "uri", "batch_size", "extensions", "recursive",
+                "image_column", "caption_field", "license_field", "license", "carry", "ingest",
+                "description"}
+
+
+def _parse_ingest(raw: Any, base: IngestSettings, where: str, path: str) -> IngestSettings:
+    if raw is None:
+        return base
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"'ingest' must be a mapping, got {type(raw).__name__}", path=path,
+                          entry=where, fix="write ingest settings as key: value pairs")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in _INGEST_FIELDS:
+            raise ConfigError(f"unknown ingest setting {key!r}", path=path, entry=where,
+                              fix=f"use one of: {', '.join(sorted(_INGEST_FIELDS))}")
+        if key == "aspect_buckets":
+            value = tuple(str(v) for v in value)
+            for bucket in value:
+                _parse_ratio(bucket, path, where)
+        values[key] = value
+    settings = dataclasses.replace(base, **values)
+    _validate_ingest(settings, path, where)
+    return settings
+
+
+def _parse_ratio(bucket: str, path: str, where: str) -> float:
+    try:
+        w, h = (float(x) for x in bucket.split(":"))
+        if w <= 0 or h <= 0:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"aspect bucket {bucket!r} is not of the form 'W:H'", path=path,
+                          entry=where, fix="write buckets like '16:9'") from None
+    return w / h
+
+
+def _validate_ingest(s: IngestSettings, path: str, where: str) -> None:
+    def bad(msg: str, fix: str) -> ConfigError:
+        return ConfigError(msg, path=path, entry=where, fix=fix)
+
+    if not (1 <= int(s.jpeg_quality) <= 100):
+        raise bad(f"jpeg_quality={s.jpeg_quality!r} is outside 1..100", "use e.g. 92")
+    if s.jpeg_subsampling not in ("4:2:0", "4:2:2", "4:4:4"):
+        raise bad(f"jpeg_subsampling={s.jpeg_subsampling!r} is not supported",
+                  "use 4:2:0, 4:2:2 or 4:4:4")
+    if s.max_side is not None and int(s.max_side) < max(1, s.min_side):
+        raise bad(f"max_side={s.max_side!r} is below min_side={s.min_side}", "raise max_side")
+    if s.min_side < 1 or s.max_aspect < 1 or s.max_pixels < 1:
+        raise bad("min_side, max_pixels must be >= 1 and max_aspect >= 1",
+                  "fix the ingest limits")
+    if s.q92_cycles < 1 or s.q92_sample < 1:
+        raise bad("q92_cycles and q92_sample must be >= 1", "use e.g. 10 cycles, 6 images")
+
+
+def _resolve_location(raw: str, kind: str, config_path: Path, where: str) -> str:
+    try:
+        value = expand_env(str(raw))
+    except KeyError as e:
+        raise ConfigError(f"environment variable {e.args[0]} is not set", path=str(config_path),
+                          entry=where, fix=f"export {e.args[0]} or write ${{{e.args[0]}:-default}}"
+                          ) from None
+    if kind == "s3":
+        if not value.startswith("s3://"):
+            raise ConfigError(f"uri {value!r} is not an s3:// URI", path=str(config_path),
+                              entry=where, fix="write uri: s3://bucket/prefix")
+        return value.rstrip("/") + "/"
+    if "://" in value:
+        if not value.startswith("s3://"):
+            raise ConfigError(f"unsupported URI scheme in {value!r}", path=str(config_path), entry=where,
+                              fix="use a filesystem path or an s3:// URI")
+        return value.rstrip("/") + "/" if kind == "folder" else value
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        p = (config_path.parent / p).resolve()
+    return str(p)
+
+
+def read_yaml(path: Path, missing_fix: str) -> Any:
+    """Load a config file, raising ConfigError naming the file (and line) when it is absent or malformed."""
+    spath = str(path)
+    if not path.is_file():
+        raise ConfigError("file not found", path=spath, fix=missing_fix)
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"malformed YAML{where}: {problem}", path=spath,
+                          fix="fix the YAML syntax") from None
+
+
+def read_entries(path: Path, key: str, example: str) -> list[Any]:
+    """The top-level ``key:`` list of a config file (``recipes:``, ``mixtures:``), or a ConfigError with ``example``."""
+    doc = read_yaml(path, "create it or point PRX_CONFIG_DIR at its folder") or {}
+    if not isinstance(doc, Mapping) or not isinstance(doc.get(key), list):
+        raise ConfigError(f"expected a mapping with a '{key}:' list", path=str(path), fix=f"write {example}")
+    return doc[key]
+
+
+def named(items: Sequence[T], name: str, what: str, path: str, fix: str) -> T:
+    """The item whose ``name`` is ``name``; else a ConfigError listing the known names."""
+    for item in items:
+        if getattr(item, "name", None) == name:
+            return item
+    known = ", ".join(getattr(i, "name", "?") for i in items) or "(none)"
+    raise ConfigError(f"no {what} named {name!r}; known {what}s: {known}", path=path, fix=fix)
+
+
+def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
+    """Parse and validate ``sources.yaml``.
+
+    Parameters
+    ----------
+    path:
+        The file; defaults to ``$PRX_CONFIG_DIR/sources.yaml``.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file, the source and the fix, for malformed YAML, unknown kinds or
+        keys, duplicate names, or invalid settings. Existence of folders is checked when
+        the source is listed (see :mod:`prx_assets.core.ingest.sources`).
+    """
+    cfg_path = Path(path) if path is not None else config_dir() / "sources.yaml"
+    spath = str(cfg_path)
+    doc = read_yaml(cfg_path, "create it or point PRX_CONFIG_DIR at the folder holding sources.yaml")
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("sources"), list):
+        raise ConfigError("expected a mapping with a 'sources:' list", path=spath,
+                          fix="write sources: [{name: photos, kind: folder, path: /data/photos}]")
+    unknown_top = set(doc) - {"sources", "ingest"}
+    if unknown_top:
+        raise ConfigError(f"unknown top-level keys {sorted(unknown_top)}", path=spath,
+                          fix="only 'sources' and 'ingest' are allowed")
+    base = _parse_ingest(doc.get("ingest"), IngestSettings(), "ingest", spath)
+    sources: list[SourceConfig] = []
+    for i, raw in enumerate(doc["sources"]):
+        where = f"sources[{i}]"
+        if not isinstance(raw, Mapping):
+            raise ConfigError("each source must be a mapping", path=spath, entry=where,
+                              fix="write {name: ..., kind: ..., path: ...}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not SOURCE_NAME_RE.match(name):
+            raise ConfigError(f"source name {name!r} is invalid", path=spath, entry=where,
+                              fix="use lowercase letters, digits and '_' starting with a letter")
+        where = f"source {name!r}"
+        if any(s.name == name for s in sources):
+            raise ConfigError("duplicate source name", path=spath, entry=where,
+                              fix="give every source a unique name")
+        unknown = set(raw) - _SOURCE_KEYS
+        if unknown:
+            raise ConfigError(f"unknown keys {sorted(unknown)}", path=spath, entry=where,
+                              fix=f"use only: {', '.join(sorted(_SOURCE_KEYS))}")
+        kind = raw.get("kind")
+        if kind not in SOURCE_KINDS:
+            raise ConfigError(f"unknown source kind {kind!r}", path=spath, entry=where,
+                              fix=f"use one of: {', '.join(SOURCE_KINDS)}")
+        loc = raw.get("uri") if kind == "s3" else raw.get("path", raw.get("uri"))
+        if not loc:
+            key = "uri" if kind == "s3" else "path"
+            raise ConfigError(f"missing '{key}'", path=spath, entry=where,
+                              fix=f"add {key}: ... to the source")
+        batch_size = raw.get("batch_size", DEFAULT_BATCH_SIZE[kind])
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size!r} must be a positive integer", path=spath,
+                              entry=where, fix="use e.g. 2000")
+        exts = raw.get("extensions", DEFAULT_EXTENSIONS)
+        if exts is not None:
+            exts = tuple(str(e).lower().lstrip(".") for e in exts)
+        carry = raw.get("carry") or ()
+        if isinstance(carry, str) or not all(isinstance(c, str) for c in carry):
+            raise ConfigError(f"carry={carry!r} must be a list of field names", path=spath,
+                              entry=where, fix="write carry: [license, url]")
+        if kind == "folder" and loc_is_s3(raw, kind):
+            kind = "s3"  # a folder on an object store is a prefix
+        sources.append(SourceConfig(
+            name=name,
+            kind=kind,
+            location=_resolve_location(loc, kind, cfg_path, where),
+            batch_size=batch_size,
+            extensions=exts,
+            recursive=bool(raw.get("recursive", True)),
+            image_column=str(raw.get("image_column", "image")),
+            caption_field=raw.get("caption_field"),
+            license_field=raw.get("license_field"),
+            license=raw.get("license"),
+            carry=tuple(carry),
+            ingest=_parse_ingest(raw.get("ingest"), base, where, spath),
+        ))
+    return SourcesConfig(path=spath, sources=tuple(sources), ingest=base)
+
+
+def loc_is_s3(raw: Mapping[str, Any], kind: str) -> bool:
+    """True when a source's location expands to an s3:// URI."""
+    loc = raw.get("uri") if kind == "s3" else raw.get("path", raw.get("uri"))
+    try:
+        return expand_env(str(loc)).startswith("s3://")
+    except KeyError:
+        return False
+
+
+def bucket_ratios(buckets: tuple[str, ...]) -> list[tuple[str, float]]:
+    """Return ``(name, width/height)`` for each ``"W:H"`` bucket."""
+    out = []
+    for b in buckets:
+        w, h = (float(x) for x in b.split(":"))
+        out.append((b, w / h))
+    return out

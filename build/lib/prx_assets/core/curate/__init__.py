@@ -1,0 +1,1 @@
+"""Curation: recipes, subset selection and persisted subsets."""

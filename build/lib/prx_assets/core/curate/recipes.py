@@ -1,0 +1,191 @@
+"""``recipes.yaml``: declarative curation recipes over the lab.
+
+::
+
+    recipes:
+      - name: hq_photos
+        where: "source = 'photos' AND orig_bytes > 20000"   # Lance SQL predicate
+        captions: [detailed, short]       # captioner names or ids, in order of preference
+        caption_mix: {detailed: 0.7, short: 0.3}   # or: several caption columns, sampled by weight
+        min_side: 256                     # minimum resolution (shorter side, pixels)
+        aspect_buckets: ["1:1", "4:3", "3:4", "16:9", "9:16"]
+        dedup: {exact: true, phash_distance: 4, embedding_threshold: 0.97}
+        optout: {image_ids: optout/ids.txt, uris: optout/uris.txt}   # one value per line
+        cap: 100000                       # optional sample cap ...
+        seed: 0                           # ... drawn deterministically with this seed
+
+Relative paths are resolved against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prx_assets.core.config.project import config_dir, expand_env, named, read_entries
+from prx_assets.errors import ConfigError
+
+RECIPE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+_KEYS = {"name", "description", "where", "captions", "caption_mix", "min_side", "min_pixels",
+         "aspect_buckets", "dedup", "optout", "cap", "seed"}
+_DEDUP_KEYS = {"exact", "phash_distance", "embedding_threshold"}
+
+
+@dataclass(frozen=True)
+class Dedup:
+    """Dedup policy: exact sha256, perceptual-hash Hamming distance, embedding cosine similarity."""
+
+    exact: bool = True
+    phash_distance: int | None = None
+    embedding_threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One curation recipe (see module docs)."""
+
+    name: str
+    where: str | None = None
+    captions: tuple[str, ...] = ()
+    caption_mix: tuple[tuple[str, float], ...] = ()
+    min_side: int | None = None
+    min_pixels: int | None = None
+    aspect_buckets: tuple[str, ...] = ()
+    dedup: Dedup = field(default_factory=Dedup)
+    optout_ids_file: str | None = None
+    optout_uris_file: str | None = None
+    cap: int | None = None
+    seed: int = 0
+    description: str = ""
+
+    def recipe_hash(self) -> str:
+        """Hash of the recipe's settings plus the content of its opt-out files."""
+        payload = asdict(self)
+        payload.pop("description")
+        for key in ("optout_ids_file", "optout_uris_file"):
+            path = payload[key]
+            payload[key] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def optout_ids(self) -> set[str]:
+        """Image ids listed in the opt-out file."""
+        return _read_lines(self.optout_ids_file)
+
+    def optout_uris(self) -> set[str]:
+        """Source URIs listed in the opt-out file."""
+        return _read_lines(self.optout_uris_file)
+
+
+def _read_lines(path: str | None) -> set[str]:
+    if not path:
+        return set()
+    return {ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+
+
+@dataclass(frozen=True)
+class RecipesConfig:
+    """The parsed ``recipes.yaml``."""
+
+    path: str
+    recipes: tuple[Recipe, ...]
+
+    def get(self, name: str) -> Recipe:
+        """The recipe called ``name``; the error lists the known ones."""
+        return named(self.recipes, name, "recipe", self.path, "add it to recipes.yaml or use a known name")
+
+
+def _bad(msg: str, path: str, where: str, fix: str) -> ConfigError:
+    return ConfigError(msg, path=path, entry=where, fix=fix)
+
+
+def _file(value: Any, cfg: Path, where: str, what: str) -> str:
+    try:
+        p = Path(expand_env(str(value))).expanduser()
+    except KeyError as e:
+        raise _bad(f"environment variable {e.args[0]} is not set", str(cfg), where,
+                   f"export {e.args[0]}") from None
+    if not p.is_absolute():
+        p = (cfg.parent / p).resolve()
+    if not p.is_file():
+        raise _bad(f"{what} file {str(p)!r} does not exist", str(cfg), where,
+                   "create it (one value per line) or remove the entry")
+    return str(p)
+
+
+def _parse_one(raw: Mapping[str, Any], i: int, cfg: Path) -> Recipe:
+    spath = str(cfg)
+    name = raw.get("name") if isinstance(raw, Mapping) else None
+    if not isinstance(name, str) or not RECIPE_NAME_RE.match(name):
+        raise _bad(f"recipe name {name!r} is invalid", spath, f"recipes[{i}]",
+                   "use lowercase letters, digits and '_' starting with a letter")
+    where = f"recipe {name!r}"
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise _bad(f"unknown keys {sorted(unknown)}", spath, where, f"use only: {', '.join(sorted(_KEYS))}")
+    dedup_raw = raw.get("dedup") or {}
+    if not isinstance(dedup_raw, Mapping) or set(dedup_raw) - _DEDUP_KEYS:
+        raise _bad(f"dedup must be a mapping with keys {sorted(_DEDUP_KEYS)}, got {dedup_raw!r}", spath, where,
+                   "write dedup: {exact: true, phash_distance: 4}")
+    dedup = Dedup(exact=bool(dedup_raw.get("exact", True)), phash_distance=dedup_raw.get("phash_distance"),
+                  embedding_threshold=dedup_raw.get("embedding_threshold"))
+    if dedup.phash_distance is not None and not (0 <= int(dedup.phash_distance) <= 16):
+        raise _bad(f"phash_distance={dedup.phash_distance!r} is outside 0..16", spath, where, "use e.g. 4")
+    if dedup.embedding_threshold is not None and not (0.0 < float(dedup.embedding_threshold) <= 1.0):
+        raise _bad(f"embedding_threshold={dedup.embedding_threshold!r} is outside (0, 1]", spath, where,
+                   "use a cosine similarity such as 0.97")
+    captions = raw.get("captions") or []
+    if isinstance(captions, str) or not all(isinstance(c, str) for c in captions):
+        raise _bad(f"captions={captions!r} must be a list of captioner names or ids", spath, where,
+                   "write captions: [detailed, short]")
+    mix_raw = raw.get("caption_mix") or {}
+    if not isinstance(mix_raw, Mapping) or any(float(w) <= 0 for w in mix_raw.values()):
+        raise _bad(f"caption_mix={mix_raw!r} must map captioner names to positive weights", spath, where,
+                   "write caption_mix: {detailed: 0.7, short: 0.3}")
+    optout = raw.get("optout") or {}
+    if not isinstance(optout, Mapping) or set(optout) - {"image_ids", "uris"}:
+        raise _bad(f"optout={optout!r} must have keys image_ids and/or uris", spath, where,
+                   "write optout: {image_ids: optout/ids.txt}")
+    cap = raw.get("cap")
+    if cap is not None and (not isinstance(cap, int) or cap < 1):
+        raise _bad(f"cap={cap!r} must be a positive integer", spath, where, "use e.g. 100000 or remove it")
+    return Recipe(
+        name=name,
+        description=str(raw.get("description", "")),
+        where=raw.get("where"),
+        captions=tuple(captions),
+        caption_mix=tuple((str(k), float(v)) for k, v in mix_raw.items()),
+        min_side=raw.get("min_side"),
+        min_pixels=raw.get("min_pixels"),
+        aspect_buckets=tuple(str(b) for b in raw.get("aspect_buckets") or ()),
+        dedup=dedup,
+        optout_ids_file=_file(optout["image_ids"], cfg, where, "opt-out image_ids") if "image_ids" in optout
+        else None,
+        optout_uris_file=_file(optout["uris"], cfg, where, "opt-out uris") if "uris" in optout else None,
+        cap=cap,
+        seed=int(raw.get("seed", 0)),
+    )
+
+
+def load_recipes(path: str | os.PathLike[str] | None = None) -> RecipesConfig:
+    """Parse and validate ``recipes.yaml`` (default ``$PRX_CONFIG_DIR/recipes.yaml``).
+
+    Column names and captioner ids are checked against the lab when a recipe runs
+    (:func:`prx_assets.core.curate.selection.select`), where the table is known.
+    """
+    cfg = Path(path) if path is not None else config_dir() / "recipes.yaml"
+    spath = str(cfg)
+    entries = read_entries(cfg, "recipes", "recipes: [{name: all, where: \"width >= 256\"}]")
+    recipes: list[Recipe] = []
+    for i, raw in enumerate(entries):
+        recipe = _parse_one(raw, i, cfg)
+        if any(r.name == recipe.name for r in recipes):
+            raise ConfigError("duplicate recipe name", path=spath, entry=f"recipe {recipe.name!r}",
+                              fix="give every recipe a unique name")
+        recipes.append(recipe)
+    return RecipesConfig(path=spath, recipes=tuple(recipes))

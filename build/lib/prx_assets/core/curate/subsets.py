@@ -1,0 +1,69 @@
+"""Persist curated subsets: ids pinned to a Lance version, idempotent and addressed by content.
+
+A subset lives at ``<data root>/curated/<recipe>/<subset id>/`` with ``ids.parquet`` (the
+selected image ids) and ``subset.json`` (recipe, recipe hash, Lance URI and version, drop
+counts, buckets). The subset id is ``v<lance version>-<recipe hash>``: the same recipe on
+the same version always lands at the same place with the same content. The Lance version
+is tagged ``subset-<recipe>-v<version>`` so maintenance never removes it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import lance
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.curate.selection import Subset
+from prx_assets.core.lab.sync import tag_version
+from prx_assets.core.manifests import SubsetManifest
+
+
+@dataclass(frozen=True)
+class StoredSubset:
+    """Where a subset was written."""
+
+    subset_id: str
+    uri: str
+    tag: str
+    manifest: SubsetManifest
+
+
+def subset_id(version: int, recipe: Recipe) -> str:
+    """``v<version>-<recipe hash>``."""
+    return f"v{version}-{recipe.recipe_hash()}"
+
+
+def write_subset(root: DataRoot, ds: lance.LanceDataset, recipe: Recipe, subset: Subset) -> StoredSubset:
+    """Write ids and manifest (ids first, manifest last: a manifest means a complete subset) and tag."""
+    sid = subset_id(subset.version, recipe)
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"image_id": pa.array(subset.image_ids, pa.string())}), buf)
+    root.write_bytes(layout.subset_ids(recipe.name, sid), buf.getvalue())
+    tag = f"subset-{recipe.name}-v{subset.version}"
+    tag_version(ds, tag, subset.version)
+    manifest = SubsetManifest(
+        subset_id=sid, recipe=recipe.name, recipe_hash=recipe.recipe_hash(), lance_uri=ds.uri,
+        lance_version=subset.version, lance_tag=tag, ids=root.join(layout.subset_ids(recipe.name, sid)),
+        selected=len(subset.image_ids), total=subset.total, dropped=dict(subset.dropped),
+        buckets=dict(subset.buckets), caption_columns=tuple(subset.caption_columns), version=subset.version)
+    root.write_bytes(layout.subset_manifest(recipe.name, sid), manifest.to_json())
+    return StoredSubset(subset_id=sid, uri=root.join(layout.subset_dir(recipe.name, sid)), tag=tag, manifest=manifest)
+
+
+def read_subset_manifest(root: DataRoot, recipe: str, sid: str) -> SubsetManifest:
+    """The manifest of a stored subset."""
+    rel = layout.subset_manifest(recipe, sid)
+    return SubsetManifest.from_json(root.read_bytes(rel), root.join(rel))
+
+
+def read_subset(root: DataRoot, recipe: str, sid: str) -> tuple[SubsetManifest, list[str]]:
+    """The manifest and ids of a stored subset."""
+    manifest = read_subset_manifest(root, recipe, sid)
+    ids = pq.read_table(io.BytesIO(root.read_bytes(layout.subset_ids(recipe, sid)))).column("image_id").to_pylist()
+    return manifest, ids

@@ -1,0 +1,1 @@
+"""Enrichment: incremental per-image captions and embeddings, caption quality."""

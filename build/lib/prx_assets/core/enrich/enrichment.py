@@ -1,0 +1,161 @@
+"""Incremental per-image enrichment (captions, embeddings) of one ingest batch.
+
+For a batch and an output key (a captioner id or an embedder id), only images without
+an output for their current content (``image_id`` + ``sha256``) are processed. Identical
+content is computed once: duplicates inside the batch share the result, and outputs
+already stored for the same ``sha256`` under the same key are reused. Results are
+committed every ``commit_every`` images, so an interrupted run resumes where it stopped.
+Nothing is read or loaded (no model) when nothing is missing.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from PIL import Image
+
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.schema import IMAGES_TABLE
+from prx_assets.core.lab.sql import chunks, where_all, where_eq, where_in
+from prx_assets.core.lab.table import open_or_create, open_table, table_uri
+
+Compute = Callable[[Sequence[Image.Image]], list[dict[str, Any]]]
+
+
+@dataclass
+class EnrichResult:
+    """What one enrichment run did."""
+
+    batch: str
+    key: str
+    images: int = 0
+    missing: int = 0
+    computed: int = 0
+    reused: int = 0
+    written: int = 0
+    version: int | None = None
+    changed: bool = False
+    seconds: float = 0.0
+    compute_seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly summary."""
+        return {k: getattr(self, k) for k in ("batch", "key", "images", "missing", "computed",
+                                               "reused", "written", "version", "seconds")}
+
+
+def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schema, key_col: str,
+                 key: str, payload_cols: Sequence[str], compute_factory: Callable[[], Compute],
+                 chunk: int = 64, commit_every: int = 512,
+                 progress: Callable[[int, int], None] | None = None) -> EnrichResult:
+    """Fill ``out_name`` for every image of ``batch`` lacking an output under ``key``.
+
+    Parameters
+    ----------
+    out_name:
+        Lance table (under the data root) receiving one row per (image, key).
+    payload_cols:
+        Output columns produced by ``compute`` (besides the id columns).
+    compute_factory:
+        Called once, only if something must be computed; returns a function mapping a
+        list of RGB images to one dict of payload columns per image.
+    """
+    started = time.perf_counter()
+    result = EnrichResult(batch=batch, key=key)
+    opts = root.storage_options()
+    images = open_table(table_uri(root, IMAGES_TABLE), opts)
+    if images is None:
+        result.seconds = time.perf_counter() - started
+        return result
+    rows = images.to_table(columns=["image_id", "sha256"], filter=where_eq("batch", batch)).to_pylist()
+    result.images = len(rows)
+    out_uri = table_uri(root, out_name)
+    out = open_table(out_uri, opts)
+    done: set[tuple[str, str]] = set()
+    if out is not None:
+        have = out.to_table(columns=["image_id", "sha256"],
+                            filter=where_all(where_eq(key_col, key), where_eq("batch", batch)))
+        done = set(zip(have.column("image_id").to_pylist(), have.column("sha256").to_pylist(),
+                       strict=True))
+    missing = [r for r in rows if (r["image_id"], r["sha256"]) not in done]
+    result.missing = len(missing)
+    if not missing:
+        result.version = out.version if out is not None else None
+        result.seconds = time.perf_counter() - started
+        return result
+
+    by_sha: dict[str, dict[str, Any]] = {}
+    if out is not None:  # reuse outputs already computed for the same content
+        shas = sorted({r["sha256"] for r in missing})
+        for part in chunks(shas, 500):
+            t = out.to_table(columns=["sha256", *payload_cols],
+                             filter=where_all(where_eq(key_col, key), where_in("sha256", part)))
+            for rec in t.to_pylist():
+                by_sha.setdefault(rec.pop("sha256"), rec)
+    first_id: dict[str, str] = {}
+    for r in missing:
+        if r["sha256"] not in by_sha:
+            first_id.setdefault(r["sha256"], r["image_id"])
+    to_compute = sorted(first_id.items(), key=lambda kv: kv[1])  # (sha, image_id), id order
+
+    out_ds = out if out is not None else open_or_create(out_uri, out_schema, opts)
+    pending: list[dict[str, Any]] = []
+    emitted: set[str] = set()
+
+    def flush() -> None:
+        nonlocal pending
+        if not pending:
+            return
+        table = pa.Table.from_pylist(pending, schema=out_schema)
+        (out_ds.merge_insert([key_col, "image_id"]).when_matched_update_all()
+         .when_not_matched_insert_all().execute(table))
+        result.written += len(pending)
+        result.changed = True
+        pending = []
+
+    waiting: dict[str, list[dict[str, Any]]] = {}
+    for r in missing:
+        waiting.setdefault(r["sha256"], []).append(r)
+
+    def emit(shas: Sequence[str]) -> None:
+        for sha in shas:
+            for r in waiting.pop(sha, []):
+                emitted.add(r["image_id"])
+                pending.append({"image_id": r["image_id"], key_col: key, "batch": batch,
+                                "sha256": sha, **by_sha[sha]})
+        if len(pending) >= commit_every:
+            flush()
+
+    def emit_ready() -> None:
+        emit([sha for sha in list(waiting) if sha in by_sha])
+
+    emit_ready()
+    result.reused = len(emitted)
+    compute: Compute | None = None
+    for part in chunks(to_compute, chunk):
+        ids = [image_id for _, image_id in part]
+        t = images.to_table(columns=["image_id", "jpeg"],
+                            filter=where_all(where_eq("batch", batch), where_in("image_id", ids)))
+        jpeg_by_id = dict(zip(t.column("image_id").to_pylist(), t.column("jpeg").to_pylist(), strict=True))
+        pil = [Image.open(io.BytesIO(jpeg_by_id[i])).convert("RGB") for i in ids]
+        if compute is None:
+            compute = compute_factory()
+        t0 = time.perf_counter()
+        outputs = compute(pil)
+        result.compute_seconds += time.perf_counter() - t0
+        for (sha, _), payload in zip(part, outputs, strict=True):
+            by_sha[sha] = payload
+        result.computed += len(part)
+        emit([sha for sha, _ in part])
+        if progress:
+            progress(result.computed, len(to_compute))
+    flush()
+    result.reused = len(emitted) - result.computed
+    result.version = out_ds.version
+    result.seconds = time.perf_counter() - started
+    return result

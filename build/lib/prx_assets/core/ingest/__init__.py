@@ -1,0 +1,1 @@
+"""Ingest: source readers, batch manifests, image normalization, the JPEG q92 experiment."""

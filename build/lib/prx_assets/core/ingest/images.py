@@ -1,0 +1,374 @@
+"""Decode, validate and normalize one image into JPEG bytes plus its metadata.
+
+The steps, in order, for every file:
+
+1. sniff the bytes and parse the header only (no pixels yet);
+2. reject decompression bombs, too-small and too-elongated images from the header;
+3. decode (for JPEGs with ``max_side`` set, Pillow's DCT-domain draft mode decodes at
+   a reduced size directly);
+4. apply the EXIF orientation;
+5. convert any mode to RGB: ICC profiles to sRGB, 16-bit and float to 8-bit,
+   transparency composited on white;
+6. optional downscale so the longer side is at most ``max_side``;
+7. encode JPEG at the configured quality (92 by default);
+8. compute a 64-bit DCT perceptual hash and the aspect-ratio bucket.
+
+Any failure raises :class:`ImageRejected` with a :class:`RejectReason`; the caller
+records it as a reject row and carries on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import re
+import zlib
+from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
+
+from prx_assets.core.config.project import IngestSettings, bucket_ratios
+from prx_assets.errors import PrxError
+
+
+class RejectReason(str, Enum):
+    """Why a file was not ingested. Stored as the ``reason`` column of the rejects table."""
+
+    EMPTY = "empty"
+    NOT_IMAGE = "not_image"
+    CORRUPT = "corrupt"
+    TRUNCATED = "truncated"
+    DECOMPRESSION_BOMB = "decompression_bomb"
+    TOO_SMALL = "too_small"
+    BAD_ASPECT = "bad_aspect"
+    UNSUPPORTED_MODE = "unsupported_mode"
+    READ_ERROR = "read_error"
+    NO_IMAGE_MEMBER = "no_image_member"
+
+
+class ImageRejected(PrxError):
+    """An input that is not ingested, with the reason code and a message naming the value."""
+
+    def __init__(self, reason: RejectReason, message: str) -> None:
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{reason.value}: {message}")
+
+
+@dataclass(frozen=True)
+class NormalizedImage:
+    """The result of normalizing one image."""
+
+    jpeg: bytes
+    width: int
+    height: int
+    orig_width: int
+    orig_height: int
+    orig_format: str
+    orig_mode: str
+    orig_bytes: int
+    sha256: str
+    phash: int
+    aspect_ratio: float
+    aspect_bucket: str
+    rgb: Image.Image | None = None
+
+
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+)
+
+
+def sniff_format(data: bytes) -> str | None:
+    """Name the image format from magic bytes, or ``None`` if it is not a known image."""
+    for magic, name in _MAGIC:
+        if data.startswith(magic):
+            return name
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def open_header(data: bytes, settings: IngestSettings) -> Image.Image:
+    """Parse the header and apply the size limits without decoding any pixel.
+
+    Raises
+    ------
+    ImageRejected
+        ``empty``, ``not_image``, ``corrupt``, ``decompression_bomb``, ``too_small``
+        or ``bad_aspect``.
+    """
+    if not data:
+        raise ImageRejected(RejectReason.EMPTY, "zero-byte file")
+    sniffed = sniff_format(data)
+    try:
+        im = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:
+        # Pillow's own guard (2x Image.MAX_IMAGE_PIXELS) fires inside Image.open, before ours.
+        m = re.search(r"\((\d+) pixels\)", str(e))
+        declared = int(m.group(1)) if m else -1
+        if declared > settings.max_pixels:
+            msg = (f"header declares {declared} pixels > max_pixels={settings.max_pixels} "
+                   "(raise ingest.max_pixels to accept larger images)")
+        else:
+            msg = (f"header declares {declared} pixels, above Pillow's guard "
+                   f"(2 x PIL.Image.MAX_IMAGE_PIXELS = {2 * (Image.MAX_IMAGE_PIXELS or 0)}); raise "
+                   "PIL.Image.MAX_IMAGE_PIXELS as well as ingest.max_pixels to accept it")
+        raise ImageRejected(RejectReason.DECOMPRESSION_BOMB, msg) from None
+    except UnidentifiedImageError:
+        if sniffed is None:
+            head = data[:16]
+            raise ImageRejected(RejectReason.NOT_IMAGE,
+                                f"not an image file ({len(data)} bytes starting {head!r})") from None
+        raise ImageRejected(RejectReason.CORRUPT,
+                            f"{sniffed} signature but the header cannot be parsed") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
+        raise ImageRejected(RejectReason.CORRUPT, f"header unreadable: {e}") from None
+    w, h = im.size
+    if w * h > settings.max_pixels:
+        raise ImageRejected(
+            RejectReason.DECOMPRESSION_BOMB,
+            f"header declares {w}x{h} = {w * h} pixels > max_pixels={settings.max_pixels} "
+            "(raise ingest.max_pixels to accept larger images)")
+    if min(w, h) < settings.min_side:
+        raise ImageRejected(RejectReason.TOO_SMALL,
+                            f"{w}x{h} has a side below min_side={settings.min_side}")
+    if max(w, h) / min(w, h) > settings.max_aspect:
+        raise ImageRejected(
+            RejectReason.BAD_ASPECT,
+            f"{w}x{h} has aspect {max(w, h) / min(w, h):.2f} > max_aspect={settings.max_aspect}")
+    return im
+
+
+def decode(im: Image.Image, settings: IngestSettings) -> Image.Image:
+    """Decode the pixels of a header-parsed image (first frame of animations)."""
+    if settings.max_side and im.format == "JPEG" and max(im.size) > settings.max_side:
+        # DCT-domain downscale by a power of two, never below the target size.
+        scale = settings.max_side / max(im.size)
+        im.draft(im.mode if im.mode != "CMYK" else "CMYK",
+                 (math.ceil(im.size[0] * scale), math.ceil(im.size[1] * scale)))
+    try:
+        if getattr(im, "n_frames", 1) > 1:
+            im.seek(0)
+        im.load()
+    except OSError as e:
+        text = str(e)
+        reason = RejectReason.TRUNCATED if "truncated" in text or "broken data" in text else \
+            RejectReason.CORRUPT
+        raise ImageRejected(reason, f"decode failed: {text}") from None
+    except (SyntaxError, ValueError, EOFError, zlib.error, Image.DecompressionBombError) as e:
+        raise ImageRejected(RejectReason.CORRUPT, f"decode failed: {e}") from None
+    return im
+
+
+@lru_cache(maxsize=1)
+def _srgb_profile() -> ImageCms.ImageCmsProfile:
+    return ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
+
+
+def _apply_icc(im: Image.Image) -> Image.Image:
+    """Convert pixels with an embedded non-sRGB ICC profile to sRGB."""
+    icc = im.info.get("icc_profile")
+    if not icc or im.mode not in ("RGB", "RGBA", "CMYK", "L", "LA"):
+        return im
+    try:
+        src = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        desc = (ImageCms.getProfileDescription(src) or "").lower()
+    except (OSError, ImageCms.PyCMSError):
+        return im  # unreadable profile: fall back to the plain conversion
+    if "srgb" in desc and im.mode in ("RGB", "RGBA"):
+        return im
+    if im.mode in ("L", "LA"):
+        return im  # gray profiles are near-identity for 8-bit gray; keep the fast path
+    out_mode = "RGBA" if im.mode == "RGBA" else "RGB"
+    try:
+        return ImageCms.profileToProfile(im, src, _srgb_profile(), outputMode=out_mode)
+    except (OSError, ImageCms.PyCMSError, ValueError):
+        return im
+
+
+def _to_8bit(arr: np.ndarray, sixteen_bit: bool) -> np.ndarray:
+    arr = arr.astype(np.float64)
+    if sixteen_bit or arr.max(initial=0) > 255:
+        arr = arr / 257.0
+    elif arr.dtype.kind == "f" and arr.max(initial=0) <= 1.0:
+        arr = arr * 255.0
+    return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """Convert any Pillow mode to 8-bit RGB; transparency is composited on white.
+
+    Raises
+    ------
+    ImageRejected
+        ``unsupported_mode`` for modes with no defined conversion.
+    """
+    im = _apply_icc(im)
+    mode = im.mode
+    if mode == "RGB":
+        return im
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        arr = np.asarray(im)
+        return Image.fromarray(_to_8bit(arr, mode.startswith("I;16")), "L").convert("RGB")
+    if mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")
+        mode = "RGBA"
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = im.convert("RGBA")
+        out = Image.new("RGB", rgba.size, (255, 255, 255))
+        out.paste(rgba, mask=rgba.getchannel("A"))
+        return out
+    if mode == "LAB":
+        try:
+            lab = ImageCms.createProfile("LAB")
+            return ImageCms.profileToProfile(im, lab, _srgb_profile(), outputMode="RGB")
+        except (OSError, ImageCms.PyCMSError, ValueError) as e:
+            raise ImageRejected(RejectReason.UNSUPPORTED_MODE, f"LAB conversion failed: {e}") from None
+    if mode in ("1", "L", "P", "CMYK", "YCbCr", "HSV", "RGBX"):
+        return im.convert("RGB")
+    raise ImageRejected(RejectReason.UNSUPPORTED_MODE,
+                        f"image mode {mode!r} has no RGB conversion")
+
+
+def encode_jpeg(rgb: Image.Image, quality: int, subsampling: str = "4:2:0") -> bytes:
+    """Encode an RGB image as baseline JPEG without metadata."""
+    buf = io.BytesIO()
+    rgb.save(buf, "JPEG", quality=quality, subsampling=subsampling, optimize=False)
+    return buf.getvalue()
+
+
+@lru_cache(maxsize=1)
+def _dct_matrix(n: int = 32) -> np.ndarray:
+    k = np.arange(n)[:, None]
+    x = np.arange(n)[None, :]
+    m = np.cos(np.pi * (2 * x + 1) * k / (2 * n)) * np.sqrt(2.0 / n)
+    m[0, :] /= np.sqrt(2.0)
+    return m
+
+
+def perceptual_hash(rgb: Image.Image) -> int:
+    """64-bit DCT perceptual hash (pHash): 32x32 gray, low 8x8 frequencies vs their median.
+
+    Near-duplicates (re-encodes, small resizes) differ in a few bits; the Hamming
+    distance between two hashes measures visual difference.
+    """
+    gray = rgb.convert("L").resize((32, 32), Image.Resampling.LANCZOS, reducing_gap=2.0)
+    d = _dct_matrix()
+    coeffs = d @ np.asarray(gray, dtype=np.float64) @ d.T
+    low = coeffs[:8, :8].ravel()
+    return int.from_bytes(np.packbits(low > np.median(low)).tobytes(), "big")
+
+
+def hamming(a: int, b: int) -> int:
+    """Number of differing bits between two 64-bit hashes."""
+    return (a ^ b).bit_count()
+
+
+def aspect_bucket(width: int, height: int, buckets: tuple[str, ...]) -> str:
+    """The bucket (``"W:H"``) nearest to ``width/height`` in log ratio."""
+    r = math.log(width / height)
+    return min(bucket_ratios(buckets), key=lambda b: abs(math.log(b[1]) - r))[0]
+
+
+def resize_max_side(rgb: Image.Image, max_side: int | None) -> Image.Image:
+    """Downscale (Lanczos) so the longer side is at most ``max_side``."""
+    if not max_side or max(rgb.size) <= max_side:
+        return rgb
+    scale = max_side / max(rgb.size)
+    size = (max(1, round(rgb.size[0] * scale)), max(1, round(rgb.size[1] * scale)))
+    return rgb.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Pixels ready to encode plus what the header said about the original."""
+
+    rgb: Image.Image
+    orig_size: tuple[int, int]
+    orig_format: str
+    orig_mode: str
+
+
+def _oriented_size(im: Image.Image) -> tuple[int, int]:
+    w, h = im.size
+    try:
+        orientation = im.getexif().get(0x0112, 1)
+    except Exception:  # malformed EXIF never blocks ingest; orientation then stays as stored
+        orientation = 1
+    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
+def prepare_rgb(data: bytes, settings: IngestSettings) -> Prepared:
+    """Steps 1-6: header checks, decode, orientation, RGB conversion, downscale.
+
+    ``orig_size`` is the original size as displayed (after EXIF orientation, before any
+    downscale).
+    """
+    im = open_header(data, settings)
+    orig_size, orig_format, orig_mode = _oriented_size(im), im.format or "unknown", im.mode
+    decode(im, settings)
+    try:
+        ImageOps.exif_transpose(im, in_place=True)  # no full-size copy when already upright
+    except Exception as e:  # Pillow raises assorted errors on malformed EXIF blocks
+        raise ImageRejected(RejectReason.CORRUPT, f"EXIF orientation unreadable: {e}") from None
+    rgb = to_rgb(im)
+    return Prepared(resize_max_side(rgb, settings.max_side), orig_size, orig_format, orig_mode)
+
+
+def normalize(data: bytes, settings: IngestSettings, keep_rgb: bool = False) -> NormalizedImage:
+    """Validate and normalize one encoded image.
+
+    Parameters
+    ----------
+    data:
+        The original file bytes.
+    settings:
+        Limits and encoding settings.
+    keep_rgb:
+        Keep the normalized RGB pixels (before JPEG) on the result, e.g. for the JPEG
+        quality experiment.
+
+    Raises
+    ------
+    ImageRejected
+        With the reason code and a message naming the offending value.
+
+    Examples
+    --------
+    >>> from PIL import Image; import io
+    >>> buf = io.BytesIO(); Image.new("RGBA", (120, 80), (255, 0, 0, 128)).save(buf, "PNG")
+    >>> out = normalize(buf.getvalue(), IngestSettings())
+    >>> (out.width, out.height, out.orig_format, out.aspect_bucket)
+    (120, 80, 'PNG', '3:2')
+    """
+    prep = prepare_rgb(data, settings)
+    rgb = prep.rgb
+    jpeg = encode_jpeg(rgb, settings.jpeg_quality, settings.jpeg_subsampling)
+    w, h = rgb.size
+    return NormalizedImage(
+        jpeg=jpeg,
+        width=w,
+        height=h,
+        orig_width=prep.orig_size[0],
+        orig_height=prep.orig_size[1],
+        orig_format=prep.orig_format,
+        orig_mode=prep.orig_mode,
+        orig_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        phash=perceptual_hash(rgb),
+        aspect_ratio=w / h,
+        aspect_bucket=aspect_bucket(w, h, settings.aspect_buckets),
+        rgb=rgb if keep_rgb else None,
+    )
+

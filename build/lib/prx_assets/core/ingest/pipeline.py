@@ -1,0 +1,216 @@
+"""Ingest one batch: read every item, normalize it, write rows and rejects to Lance.
+
+Decoding and encoding run on a thread pool (Pillow releases the GIL in its codecs and
+resamplers), with a bounded window of items in flight so memory stays flat whatever
+the batch size. Rows stream into one Lance commit per table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from prx_assets.core.config.project import IngestSettings
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import BatchManifest
+from prx_assets.core.ingest.images import ImageRejected, NormalizedImage, RejectReason, normalize
+from prx_assets.core.ingest.sources import SourceItem, SourceReader
+from prx_assets.core.lab.schema import (
+    IMAGES_SCHEMA,
+    IMAGES_TABLE,
+    REJECTS_SCHEMA,
+    REJECTS_TABLE,
+    image_id,
+)
+from prx_assets.core.lab.table import replace_partition, table_uri
+
+log = logging.getLogger(__name__)
+
+# An existing row is kept untouched when the original and the settings are the same.
+UNCHANGED_ROW = "target.sha256 = source.sha256 AND target.ingest_config = source.ingest_config"
+
+
+@dataclass
+class IngestResult:
+    """Counts and versions from ingesting one batch."""
+
+    source: str
+    batch: str
+    rows: int = 0
+    rejects: dict[str, int] = field(default_factory=dict)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    buckets: dict[str, int] = field(default_factory=dict)
+    formats: dict[str, int] = field(default_factory=dict)
+    images_uri: str = ""
+    rejects_uri: str = ""
+    images_version: int = 0
+    rejects_version: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    seconds: float = 0.0
+    reject_examples: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def rejected(self) -> int:
+        """Total rejects."""
+        return sum(self.rejects.values())
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly summary."""
+        return {
+            "source": self.source, "batch": self.batch, "rows": self.rows,
+            "rejected": self.rejected, "rejects": dict(self.rejects), "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out, "images_version": self.images_version,
+            "inserted": self.inserted, "updated": self.updated, "deleted": self.deleted,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+Outcome = tuple[dict[str, Any] | None, dict[str, Any] | None]
+
+
+def process_item(item: SourceItem, source: str, batch: str, settings: IngestSettings,
+                 fingerprint: str) -> Outcome:
+    """Normalize one item into ``(row, None)`` or ``(None, reject_row)``."""
+    iid = image_id(source, item.uri)
+
+    def reject(reason: str, message: str, size: int = 0) -> Outcome:
+        return None, {"image_id": iid, "source": source, "batch": batch, "uri": item.uri,
+                      "reason": reason, "message": message, "orig_bytes": size}
+
+    if item.error is not None:
+        return reject(*item.error)
+    try:
+        data = item.read()
+    except (OSError, ValueError) as e:
+        return reject(RejectReason.READ_ERROR.value, f"cannot read {item.uri}: {e}")
+    except Exception as e:  # boto3 ClientError and friends for a vanished object
+        if type(e).__name__ in ("ClientError", "NoSuchKey"):
+            return reject(RejectReason.READ_ERROR.value, f"cannot read {item.uri}: {e}")
+        raise
+    try:
+        n: NormalizedImage = normalize(data, settings)
+    except ImageRejected as e:
+        return reject(e.reason.value, e.message, len(data))
+    except Exception as e:  # decoders raise assorted types on crafted input
+        log.warning("unexpected %s decoding %s: %s", type(e).__name__, item.uri, e)
+        return reject(RejectReason.CORRUPT.value, f"decoder raised {type(e).__name__}: {e}", len(data))
+    return {
+        "image_id": iid, "source": source, "batch": batch, "uri": item.uri,
+        "jpeg": n.jpeg, "jpeg_bytes": len(n.jpeg), "width": n.width, "height": n.height,
+        "orig_width": n.orig_width, "orig_height": n.orig_height, "orig_format": n.orig_format,
+        "orig_mode": n.orig_mode, "orig_bytes": n.orig_bytes, "sha256": n.sha256,
+        "phash": n.phash, "aspect_ratio": n.aspect_ratio, "aspect_bucket": n.aspect_bucket,
+        "original_caption": item.caption, "license": item.license,
+        "extra": json.dumps(item.extra, sort_keys=True, default=str) if item.extra else None,
+        "ingest_config": fingerprint,
+    }, None
+
+
+def iter_items(manifest: BatchManifest, reader: SourceReader) -> Iterator[SourceItem]:
+    """Every item of every unit in the manifest, in order."""
+    for unit in manifest.units:
+        yield from reader.read_unit(unit)
+
+
+def ordered_map(fn: Callable[[SourceItem], Outcome], items: Iterator[SourceItem],
+                workers: int, window: int | None = None) -> Iterator[Outcome]:
+    """``map`` over a thread pool that keeps input order and at most ``window`` in flight."""
+    if workers <= 1:
+        for it in items:
+            yield fn(it)
+        return
+    window = window or workers * 4
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prx-ingest") as pool:
+        pending: deque[Future[Outcome]] = deque()
+        for it in items:
+            pending.append(pool.submit(fn, it))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
+                 settings: IngestSettings, rows_per_write: int = 64,
+                 progress: Callable[[int, int], None] | None = None) -> IngestResult:
+    """Ingest one batch into the ``images`` and ``rejects`` tables, replacing its rows.
+
+    Parameters
+    ----------
+    manifest:
+        The batch (partition) to ingest.
+    reader:
+        The source's reader.
+    root:
+        Data root holding the Lance tables.
+    settings:
+        Normalization settings of the source.
+    rows_per_write:
+        Rows per record batch streamed to Lance.
+    progress:
+        Called as ``progress(done, rejected)`` every ``rows_per_write`` items.
+    """
+    started = time.perf_counter()
+    source, batch = manifest.source, manifest.key
+    result = IngestResult(source=source, batch=batch, images_uri=table_uri(root, IMAGES_TABLE),
+                          rejects_uri=table_uri(root, REJECTS_TABLE))
+    rejects: list[dict[str, Any]] = []
+    reasons: Counter[str] = Counter()
+    buckets: Counter[str] = Counter()
+    formats: Counter[str] = Counter()
+    fingerprint = settings.normalization_fingerprint()
+
+    def fn(item: SourceItem) -> Outcome:
+        return process_item(item, source, batch, settings, fingerprint)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        rows: list[dict[str, Any]] = []
+        outcomes = ordered_map(fn, iter_items(manifest, reader), settings.effective_workers())
+        for done, (row, rej) in enumerate(outcomes, 1):
+            if rej is not None:
+                rejects.append(rej)
+                reasons[rej["reason"]] += 1
+                result.bytes_in += rej["orig_bytes"]
+            elif row is not None:
+                rows.append(row)
+                result.rows += 1
+                result.bytes_in += row["orig_bytes"]
+                result.bytes_out += row["jpeg_bytes"]
+                buckets[row["aspect_bucket"]] += 1
+                formats[row["orig_format"]] += 1
+            if len(rows) >= rows_per_write:
+                yield pa.RecordBatch.from_pylist(rows, schema=IMAGES_SCHEMA)
+                rows = []
+            if progress and done % rows_per_write == 0:
+                progress(done, len(rejects))
+        if rows:
+            yield pa.RecordBatch.from_pylist(rows, schema=IMAGES_SCHEMA)
+
+    opts = root.storage_options()
+    written = replace_partition(result.images_uri, IMAGES_SCHEMA, "batch", batch, batches(),
+                                storage_options=opts, unchanged_if=UNCHANGED_ROW)
+    rej_written = replace_partition(
+        result.rejects_uri, REJECTS_SCHEMA, "batch", batch,
+        [pa.RecordBatch.from_pylist(rejects, schema=REJECTS_SCHEMA)] if rejects else [],
+        storage_options=opts)
+    result.images_version = written.version
+    result.rejects_version = rej_written.version
+    result.inserted, result.updated, result.deleted = written.inserted, written.updated, written.deleted
+    result.rejects = dict(sorted(reasons.items()))
+    result.buckets = dict(sorted(buckets.items()))
+    result.formats = dict(sorted(formats.items()))
+    result.reject_examples = [{"uri": r["uri"], "reason": r["reason"], "message": r["message"]}
+                              for r in rejects[:20]]
+    result.seconds = time.perf_counter() - started
+    return result

@@ -1,0 +1,415 @@
+"""Readers for the four source kinds: folder, s3 prefix, Parquet set, WebDataset tars.
+
+A source is listed as *units* (a file, a Parquet row group, a tar shard); ingest batches
+group units. Reading a unit yields :class:`SourceItem` objects, one per candidate image,
+whose bytes may be fetched lazily (so worker threads do the I/O in parallel).
+
+Add a kind by writing a :class:`SourceReader` subclass and registering it in
+``READERS``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import tarfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from prx_assets.core.config.project import SourceConfig
+from prx_assets.core.config.storage import ObjectStoreSettings, is_remote, split_s3
+from prx_assets.errors import ConfigError, SourceError
+
+S3ClientFactory = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One listable piece of a source: a file, a Parquet row group, or a tar shard.
+
+    ``key`` identifies the unit within the source and never changes; ``size`` and
+    ``stamp`` (mtime or ETag) detect changed files; ``weight`` counts toward the
+    batch size.
+    """
+
+    key: str
+    size: int
+    stamp: str
+    weight: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-dict form stored in batch manifests."""
+        return {"key": self.key, "size": self.size, "stamp": self.stamp, "weight": self.weight}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Unit:
+        """Inverse of :meth:`to_json`."""
+        return cls(key=d["key"], size=int(d["size"]), stamp=str(d["stamp"]),
+                   weight=int(d.get("weight", 1)))
+
+
+@dataclass
+class SourceItem:
+    """One candidate image from a unit.
+
+    ``data`` holds the bytes when the reader already has them (Parquet, tar);
+    otherwise ``fetch`` reads them on demand. ``error`` is set when the item could not
+    be read at all (it becomes a ``read_error`` or ``no_image_member`` reject).
+    """
+
+    uri: str
+    data: bytes | None = None
+    fetch: Callable[[], bytes] | None = None
+    caption: str | None = None
+    license: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    error: tuple[str, str] | None = None
+
+    def read(self) -> bytes:
+        """The item's bytes (fetching them if needed)."""
+        if self.data is None and self.fetch is not None:
+            self.data = self.fetch()
+        return self.data if self.data is not None else b""
+
+
+class SourceReader:
+    """Base class: list a source's units and read items from them."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, config: SourceConfig, s3_client: S3ClientFactory | None = None) -> None:
+        self.config = config
+        self._s3_factory = s3_client or (lambda: ObjectStoreSettings.from_env().boto3_client())
+        self._client: Any = None
+
+    @property
+    def s3(self) -> Any:
+        """Lazily created boto3 client."""
+        if self._client is None:
+            self._client = self._s3_factory()
+        return self._client
+
+    def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
+        """All units currently in the source, sorted by key.
+
+        ``known_files`` maps file keys already batched to their stamp; readers whose
+        listing must open files (Parquet) skip unchanged known files.
+        """
+        raise NotImplementedError
+
+    def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
+        """Yield the items of one unit."""
+        raise NotImplementedError
+
+    def read_uri(self, uri: str) -> bytes:
+        """Read the original bytes of one item by its URI (as stored in the table)."""
+        raise NotImplementedError
+
+    # helpers shared by kinds whose units may live on local disk or S3
+    def _wants(self, name: str) -> bool:
+        exts = self.config.extensions
+        base = posixpath.basename(name)
+        if base.startswith("."):
+            return False
+        if exts is None:
+            return True
+        return base.rsplit(".", 1)[-1].lower() in exts if "." in base else False
+
+    def _open_bytes(self, location: str) -> bytes:
+        if is_remote(location):
+            bucket, key = split_s3(location)
+            try:
+                return self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+            except Exception as e:
+                raise SourceError(f"source {self.config.name!r}: cannot read {location}: {e}") from e
+        return Path(location).read_bytes()
+
+    def _list_s3(self, uri: str, want: Callable[[str], bool]) -> list[Unit]:
+        bucket, prefix = split_s3(uri)
+        units = []
+        try:
+            paginator = self.s3.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    key = obj["Key"]
+                    if want(key):
+                        units.append(Unit(key=f"s3://{bucket}/{key}", size=int(obj["Size"]),
+                                          stamp=str(obj.get("ETag", "")).strip('"')))
+        except Exception as e:
+            raise SourceError(
+                f"source {self.config.name!r}: cannot list {uri}: {e} "
+                "(check the bucket name, AWS_ENDPOINT_URL and credentials)") from e
+        return sorted(units, key=lambda u: u.key)
+
+
+class FolderReader(SourceReader):
+    """A local or shared-filesystem folder (recursive glob, extension filter)."""
+
+    kind = "folder"
+
+    def _root(self) -> Path:
+        root = Path(self.config.location)
+        if not root.is_dir():
+            raise ConfigError(f"folder {str(root)!r} does not exist or is not a directory",
+                              entry=f"source {self.config.name!r}",
+                              fix="create the folder, mount the share, or fix 'path' in sources.yaml")
+        return root
+
+    def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
+        root = self._root()
+        pattern = "**/*" if self.config.recursive else "*"
+        units = []
+        for p in root.glob(pattern):
+            rel = p.relative_to(root).as_posix()
+            if any(part.startswith(".") for part in rel.split("/")) or not self._wants(rel):
+                continue
+            if not p.is_file():
+                continue
+            st = p.stat()
+            units.append(Unit(key=rel, size=st.st_size, stamp=str(st.st_mtime_ns)))
+        return sorted(units, key=lambda u: u.key)
+
+    def _sidecar_caption(self, path: Path) -> str | None:
+        if not self.config.caption_field:
+            return None
+        side = path.with_suffix("." + self.config.caption_field.lstrip("."))
+        try:
+            return side.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
+        path = Path(self.config.location) / unit.key
+        yield SourceItem(uri=str(path), fetch=path.read_bytes, caption=self._sidecar_caption(path),
+                         license=self.config.license)
+
+    def read_uri(self, uri: str) -> bytes:
+        return Path(uri).read_bytes()
+
+
+class S3PrefixReader(SourceReader):
+    """An ``s3://bucket/prefix``: every object below it with a wanted extension."""
+
+    kind = "s3"
+
+    def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
+        return self._list_s3(self.config.location, self._wants)
+
+    def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
+        uri = unit.key
+        yield SourceItem(uri=uri, fetch=lambda: self.read_uri(uri), license=self.config.license,
+                         caption=self._sidecar_caption(uri))
+
+    def _sidecar_caption(self, uri: str) -> str | None:
+        if not self.config.caption_field:
+            return None
+        side = uri.rsplit(".", 1)[0] + "." + self.config.caption_field.lstrip(".")
+        try:
+            return self.read_uri(side).decode("utf-8").strip()
+        except Exception:  # no sidecar object (NoSuchKey) or undecodable: no caption
+            return None
+
+    def read_uri(self, uri: str) -> bytes:
+        bucket, key = split_s3(uri)
+        return self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def _list_files(reader: SourceReader, location: str, suffixes: tuple[str, ...]) -> list[Unit]:
+    def want(name: str) -> bool:
+        return name.lower().endswith(suffixes) and not posixpath.basename(name).startswith(".")
+
+    if is_remote(location):
+        if location.lower().endswith(suffixes):
+            units = reader._list_s3(location, lambda k: k == split_s3(location)[1])
+        else:
+            units = reader._list_s3(location.rstrip("/") + "/", want)
+        return units
+    root = Path(location)
+    if root.is_file():
+        st = root.stat()
+        return [Unit(key=str(root), size=st.st_size, stamp=str(st.st_mtime_ns))]
+    if not root.is_dir():
+        raise ConfigError(f"path {location!r} does not exist",
+                          entry=f"source {reader.config.name!r}",
+                          fix="point 'path' at a file or a folder of files")
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and want(p.name):
+            st = p.stat()
+            out.append(Unit(key=str(p), size=st.st_size, stamp=str(st.st_mtime_ns)))
+    return out
+
+
+class ParquetReader(SourceReader):
+    """Parquet files with an image-bytes column; one unit per row group.
+
+    The image column may hold raw bytes or a Hugging Face ``{bytes, path}`` struct.
+    ``caption_field`` / ``license_field`` / ``carry`` name other columns to keep.
+    """
+
+    kind = "parquet"
+
+    def _open(self, location: str) -> Any:
+        import pyarrow.parquet as pq
+
+        if is_remote(location):
+            fs = ObjectStoreSettings.from_env().pyarrow_fs()
+            return pq.ParquetFile(fs.open_input_file(location[len("s3://"):]))
+        return pq.ParquetFile(location)
+
+    def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
+        units = []
+        for f in _list_files(self, self.config.location, (".parquet", ".pq")):
+            if known_files and known_files.get(f.key) == f.stamp:
+                continue  # already batched and unchanged: no need to open it
+            pf = self._open(f.key)
+            names = pf.schema_arrow.names
+            if self.config.image_column not in names:
+                raise ConfigError(
+                    f"{f.key} has no column {self.config.image_column!r} (columns: {names})",
+                    entry=f"source {self.config.name!r}",
+                    fix="set image_column to the column holding image bytes")
+            for rg in range(pf.num_row_groups):
+                units.append(Unit(key=f"{f.key}#rg={rg}", size=f.size, stamp=f.stamp,
+                                  weight=pf.metadata.row_group(rg).num_rows))
+        return units
+
+    def _columns(self, available: list[str]) -> list[str]:
+        wanted = [self.config.image_column, self.config.caption_field, self.config.license_field,
+                  *self.config.carry]
+        missing = [c for c in wanted if c and c not in available]
+        if missing:
+            raise ConfigError(f"columns {missing} not in the Parquet schema ({available})",
+                              entry=f"source {self.config.name!r}",
+                              fix="fix caption_field / license_field / carry")
+        return list(dict.fromkeys(c for c in wanted if c))
+
+    def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
+        path, _, rg = unit.key.rpartition("#rg=")
+        pf = self._open(path)
+        table = pf.read_row_group(int(rg), columns=self._columns(pf.schema_arrow.names))
+        offset = sum(pf.metadata.row_group(i).num_rows for i in range(int(rg)))
+        rows = table.to_pylist()
+        for i, row in enumerate(rows):
+            img = row[self.config.image_column]
+            if isinstance(img, dict):
+                img = img.get("bytes")
+            item = SourceItem(
+                uri=f"{path}#row={offset + i}",
+                data=bytes(img) if img is not None else b"",
+                caption=_str_or_none(row.get(self.config.caption_field)) if self.config.caption_field else None,
+                license=_str_or_none(row.get(self.config.license_field)) if self.config.license_field
+                else self.config.license,
+                extra={c: row.get(c) for c in self.config.carry},
+            )
+            yield item
+
+    def read_uri(self, uri: str) -> bytes:
+        path, _, row = uri.rpartition("#row=")
+        pf = self._open(path)
+        row_i = int(row)
+        start = 0
+        for rg in range(pf.num_row_groups):
+            n = pf.metadata.row_group(rg).num_rows
+            if row_i < start + n:
+                t = pf.read_row_group(rg, columns=[self.config.image_column])
+                img = t.column(0)[row_i - start].as_py()
+                return bytes(img.get("bytes") if isinstance(img, dict) else img)
+            start += n
+        raise SourceError(f"row {row_i} not found in {path}")
+
+
+_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "jfif")
+
+
+def _wds_split(name: str) -> tuple[str, str]:
+    """WebDataset convention: key is the path up to the first dot of the basename."""
+    d, base = posixpath.split(name)
+    stem, _, ext = base.partition(".")
+    return posixpath.join(d, stem), ext.lower()
+
+
+class WebDatasetReader(SourceReader):
+    """WebDataset ``.tar`` shards: samples grouped by key, first image member used.
+
+    ``caption_field`` names the caption extension (e.g. ``txt``); ``carry`` names keys
+    of the ``json`` member to keep.
+    """
+
+    kind = "webdataset"
+
+    def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
+        return _list_files(self, self.config.location, (".tar",))
+
+    def _samples(self, data: bytes) -> Iterator[tuple[str, dict[str, bytes]]]:
+        current: str | None = None
+        members: dict[str, bytes] = {}
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+            for m in tf:
+                if not m.isfile():
+                    continue
+                key, ext = _wds_split(m.name)
+                if current is not None and key != current:
+                    yield current, members
+                    members = {}
+                current = key
+                f = tf.extractfile(m)
+                members[ext] = f.read() if f else b""
+        if current is not None:
+            yield current, members
+
+    def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
+        try:
+            data = self._open_bytes(unit.key)
+            samples = list(self._samples(data))
+        except (tarfile.TarError, OSError, SourceError) as e:
+            yield SourceItem(uri=unit.key, error=("read_error", f"cannot read tar shard: {e}"))
+            return
+        for key, members in samples:
+            uri = f"{unit.key}#{key}"
+            image_ext = next((e for e in _IMAGE_EXTS if e in members), None)
+            meta: dict[str, Any] = {}
+            if "json" in members:
+                try:
+                    meta = json.loads(members["json"].decode("utf-8"))
+                except (ValueError, UnicodeDecodeError):
+                    meta = {}
+            caption = None
+            if self.config.caption_field and self.config.caption_field in members:
+                caption = members[self.config.caption_field].decode("utf-8", "replace").strip()
+            license_ = _str_or_none(meta.get(self.config.license_field)) if self.config.license_field \
+                else self.config.license
+            extra = {c: meta.get(c) for c in self.config.carry}
+            if image_ext is None:
+                yield SourceItem(uri=uri, error=(
+                    "no_image_member", f"sample has no image member (members: {sorted(members)})"))
+                continue
+            yield SourceItem(uri=uri, data=members[image_ext], caption=caption, license=license_,
+                             extra=extra)
+
+    def read_uri(self, uri: str) -> bytes:
+        shard, _, key = uri.rpartition("#")
+        for k, members in self._samples(self._open_bytes(shard)):
+            if k == key:
+                ext = next((e for e in _IMAGE_EXTS if e in members), None)
+                if ext:
+                    return members[ext]
+        raise SourceError(f"sample {key!r} not found in {shard}")
+
+
+def _str_or_none(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+READERS: dict[str, type[SourceReader]] = {
+    r.kind: r for r in (FolderReader, S3PrefixReader, ParquetReader, WebDatasetReader)
+}
+
+
+def reader_for(config: SourceConfig, s3_client: S3ClientFactory | None = None) -> SourceReader:
+    """The reader for a source config."""
+    return READERS[config.kind](config, s3_client=s3_client)
+

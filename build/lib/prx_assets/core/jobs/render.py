@@ -1,0 +1,124 @@
+"""The job script: a pure renderer from a template and a :class:`JobSpec`, tested against a golden file.
+
+``#SBATCH`` values must be single safe tokens (they cannot be shell-quoted); every exported
+value and command word is quoted with :func:`shlex.quote`; job names derived from data are
+sanitised. The default template ships inside the package (``prx_assets/templates``).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prx_assets.errors import SlurmError
+
+#: The job script template, shipped inside the package (a wheel install finds it too).
+DEFAULT_TEMPLATE = Path(str(importlib.resources.files("prx_assets") / "templates" / "train.sbatch"))
+_SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_.:/@%=,+\-\[\]]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a job script needs; values from config or data are validated/quoted on render."""
+
+    job_name: str
+    log_path: str
+    workdir: str
+    module: str
+    args: tuple[str, ...] = ()
+    python: str = "python"
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    mem: str | None = None
+    extra_directives: tuple[str, ...] = ()
+    env_setup: tuple[str, ...] = ()
+    exports: tuple[tuple[str, str], ...] = ()
+    procs_per_node: int | None = None  # default: GPUs per node, at least 1
+    rdzv_port: int = 29500
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Processes started on each node (one per GPU unless set)."""
+        return self.procs_per_node or max(1, self.gpus_per_node)
+
+
+def job_name_for(*parts: str) -> str:
+    """A SLURM-safe job name from data (``prx-train-demo_mix``): other characters become ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", "-".join(["prx", *parts]))[:120]
+
+
+def _directive(flag: str, value: Any) -> str:
+    text = str(value)
+    if not _SAFE_DIRECTIVE.match(text):
+        raise SlurmError(f"#SBATCH --{flag} value {text!r} contains characters that cannot be passed safely "
+                         "(spaces, quotes, newlines, shell syntax); use a plain token such as 'gpu', '04:00:00', "
+                         "'/shared/logs/%j.out'")
+    return f"#SBATCH --{flag}={text}"
+
+
+def _launch(spec: JobSpec) -> str:
+    words = [spec.python, "-m", spec.module, *spec.args]
+    if spec.nodes == 1 and spec.ranks_per_node == 1:
+        return " ".join(shlex.quote(w) for w in words)
+    torchrun = [spec.python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
+                f"--nproc-per-node={spec.ranks_per_node}", "--rdzv-backend=c10d",
+                "--rdzv-id=${SLURM_JOB_ID:-local}", "--rdzv-endpoint=${MASTER_ADDR}:${MASTER_PORT}",
+                "-m", spec.module, *spec.args]
+    quoted = [w if "${" in w else shlex.quote(w) for w in torchrun]  # only our own ${...} stay unquoted
+    srun = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " if spec.nodes > 1 else ""
+    return srun + " ".join(quoted)
+
+
+def render_sbatch(template: str, spec: JobSpec) -> str:
+    """Render a job script from ``template`` (``{{ name }}`` placeholders) and ``spec``.
+
+    Raises :class:`SlurmError` for a placeholder the renderer doesn't know, an unsafe
+    ``#SBATCH`` value or an invalid environment variable name.
+    """
+    if spec.nodes < 1 or spec.gpus_per_node < 0 or spec.cpus_per_task < 1:
+        raise SlurmError(f"nodes={spec.nodes}, gpus_per_node={spec.gpus_per_node}, "
+                         f"cpus_per_task={spec.cpus_per_task}: need nodes >= 1, GPUs >= 0, CPUs >= 1")
+    directives = [_directive("job-name", spec.job_name), _directive("output", spec.log_path),
+                  _directive("nodes", spec.nodes), "#SBATCH --ntasks-per-node=1",
+                  _directive("cpus-per-task", spec.cpus_per_task)]
+    if spec.gpus_per_node:
+        directives.append(_directive("gpus-per-node", spec.gpus_per_node))
+    for flag, value in (("time", spec.time), ("partition", spec.partition), ("account", spec.account),
+                        ("mem", spec.mem)):
+        if value:
+            directives.append(_directive(flag, value))
+    for extra in spec.extra_directives:
+        flag, _, value = extra.lstrip("-").partition("=")
+        if not re.match(r"^[a-z][a-z\-]*$", flag) or not value:
+            raise SlurmError(f"extra directive {extra!r} is not of the form --flag=value")
+        directives.append(_directive(flag, value))
+    exports = []
+    for name, value in spec.exports:
+        if not _ENV_NAME.match(name):
+            raise SlurmError(f"environment variable name {name!r} is invalid; use letters, digits and _")
+        exports.append(f"export {name}={shlex.quote(value)}")
+    values = {
+        "sbatch_directives": "\n".join(directives),
+        "env_setup": "\n".join(spec.env_setup) or ":",
+        "exports": "\n".join(exports) or ":",
+        "workdir": shlex.quote(spec.workdir),
+        "launch": _launch(spec),
+        "job_name": shlex.quote(spec.job_name),
+    }
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) not in values:
+            raise SlurmError(f"template placeholder {{{{ {m.group(1)} }}}} is unknown; known: {sorted(values)}")
+        return values[m.group(1)]
+
+    return _PLACEHOLDER.sub(sub, template)

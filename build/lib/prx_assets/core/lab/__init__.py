@@ -1,0 +1,1 @@
+"""The lab: the Lance tables, their schema, column sync, queries and maintenance."""

@@ -1,0 +1,105 @@
+"""The one way PRX talks SQL to Lance: quoted literals, ``IN`` lists, rows by id, pinned versions.
+
+Every predicate built from a value (an image id, a batch key, a captioner id, a source
+name) goes through :func:`literal`, so a quote inside a value can never end the literal
+early. Lookups by id go through :func:`rows_by_ids`, which chunks the ``IN`` list so the
+predicate stays small and returns rows in the order asked for.
+
+>>> literal("it's")
+"'it''s'"
+>>> where_eq("batch", "photos-00001")
+"batch = 'photos-00001'"
+>>> where_in("image_id", ["a", "b"])
+"image_id IN ('a', 'b')"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import lance
+import pyarrow as pa
+
+#: Ids per ``IN (...)`` predicate: large enough to amortize a scan, small enough to plan fast.
+ID_CHUNK = 512
+
+
+def literal(value: str | int | float | bool) -> str:
+    """A Lance SQL literal for ``value``: strings single-quoted with quotes doubled.
+
+    Raises
+    ------
+    TypeError
+        For values that are not str, int, float or bool (say which column you meant to compare).
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a Lance SQL literal; "
+                    "pass a str, int, float or bool")
+
+
+def where_eq(column: str, value: str | int | float | bool) -> str:
+    """``column = <literal>``."""
+    return f"{column} = {literal(value)}"
+
+
+def where_in(column: str, values: Sequence[str | int | float]) -> str:
+    """``column IN (<literals>)``; an empty list gives a predicate that matches nothing."""
+    if not values:
+        return "false"
+    return f"{column} IN ({', '.join(literal(v) for v in values)})"
+
+
+def where_all(*clauses: str | None) -> str | None:
+    """The non-empty clauses joined with ``AND`` (``None`` when there are none)."""
+    parts = [c for c in clauses if c]
+    if len(parts) == 1:
+        return parts[0]
+    return " AND ".join(f"({c})" for c in parts) or None
+
+
+def chunks(seq: Sequence[Any], size: int = ID_CHUNK) -> Iterator[Sequence[Any]]:
+    """Consecutive slices of ``seq`` of at most ``size`` items."""
+    for i in range(0, len(seq), size):
+        yield seq[i:i + size]
+
+
+def rows_by_ids(ds: lance.LanceDataset, ids: Sequence[str], columns: Sequence[str], *,
+                key: str = "image_id", where: str | None = None,
+                chunk: int = ID_CHUNK) -> Iterator[tuple[Sequence[str], dict[str, dict[str, Any]]]]:
+    """Yield ``(id chunk, {id: row})`` for ``ids`` in chunks of ``chunk``; memory bounded by ``chunk``.
+
+    Ids missing from the table are simply absent from the chunk's dict, so the caller
+    decides whether that is an error. ``key`` is always fetched.
+    """
+    cols = list(dict.fromkeys([key, *columns]))
+    for part in chunks(ids, chunk):
+        table = ds.to_table(columns=cols, filter=where_all(where_in(key, part), where))
+        yield part, {r[key]: r for r in table.to_pylist()}
+
+
+def table_by_ids(ds: lance.LanceDataset, ids: Sequence[str], columns: Sequence[str], *,
+                 key: str = "image_id", chunk: int = ID_CHUNK) -> pa.Table:
+    """The rows for ``ids`` (any order) as one Arrow table; for small id lists such as samples."""
+    cols = list(dict.fromkeys([key, *columns]))
+    parts = [ds.to_table(columns=cols, filter=where_in(key, part)) for part in chunks(ids, chunk)]
+    return pa.concat_tables(parts) if parts else ds.schema.empty_table().select(cols)
+
+
+def open_pinned(manifest: Mapping[str, Any] | Any, storage_options: dict[str, str] | None = None
+                ) -> lance.LanceDataset:
+    """The Lance version a manifest (subset or shard set) was read from.
+
+    ``manifest`` is a mapping or an object with ``lance_uri`` and ``lance_version``.
+    """
+    get = manifest.get if isinstance(manifest, Mapping) else lambda k: getattr(manifest, k, None)
+    uri, version = get("lance_uri"), get("lance_version")
+    if not uri or version is None:
+        raise ValueError(f"manifest {get('subset_id') or get('shard_set_id') or manifest!r} names no Lance "
+                         "uri/version; it was not written by prx_assets")
+    return lance.dataset(uri, version=int(version), storage_options=storage_options)

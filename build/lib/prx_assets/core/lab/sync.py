@@ -1,0 +1,231 @@
+"""The lab: the ``images`` Lance table with captions and embeddings joined in as columns.
+
+Captions (one column ``caption__<captioner id>`` per captioner) and embeddings
+(``emb__<embedder id>``) are added with Lance schema evolution: a new column is added as
+all-null metadata (``add_columns`` with a schema: no data written), then filled with a
+``merge_insert(...).write_mode("rewrite_columns")`` that writes data files for that column
+only. The JPEG bytes and every other column are never rewritten.
+
+Indexes are created when missing and folded forward incrementally
+(``optimize_indices``): BTREE on ids, hashes and numeric metadata, BITMAP on
+low-cardinality columns, INVERTED (full text) on caption columns, and IVF_PQ on
+embedding columns once the table has ``vector_index_min_rows`` rows (below that, vector
+search is exact). Every sync moves the ``published`` tag to the version it produced.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
+from prx_assets.core.lab.sql import where_eq
+from prx_assets.core.lab.table import open_table, table_uri
+
+CAPTION_PREFIX = "caption__"
+EMBEDDING_PREFIX = "emb__"
+PUBLISHED_TAG = "published"
+
+SCALAR_INDEXES: dict[str, str] = {
+    "image_id": "BTREE", "sha256": "BTREE", "phash": "BTREE", "width": "BTREE", "height": "BTREE",
+    "orig_bytes": "BTREE", "jpeg_bytes": "BTREE", "aspect_ratio": "BTREE",
+    "source": "BITMAP", "batch": "BITMAP", "aspect_bucket": "BITMAP", "orig_format": "BITMAP",
+    "license": "BITMAP",
+}
+
+
+
+def _ident(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)
+
+
+def caption_column(captioner_id: str) -> str:
+    """Column holding one captioner's captions.
+
+    >>> caption_column("detailed-9591dd3a")
+    'caption__detailed_9591dd3a'
+    """
+    return CAPTION_PREFIX + _ident(captioner_id)
+
+
+def embedding_column(embedder_id: str) -> str:
+    """Column holding one embedder's vectors."""
+    return EMBEDDING_PREFIX + _ident(embedder_id)
+
+
+@dataclass
+class LabSync:
+    """What one sync did and what the table looks like afterwards."""
+
+    version: int = 0
+    rows: int = 0
+    fragments: int = 0
+    size_bytes: int = 0
+    columns_added: list[str] = field(default_factory=list)
+    rows_updated: dict[str, int] = field(default_factory=dict)
+    indexes_created: list[str] = field(default_factory=list)
+    indexes: list[dict[str, Any]] = field(default_factory=list)
+    tags: dict[str, int] = field(default_factory=dict)
+
+
+def join_column(ds: lance.LanceDataset, column: str, field_type: pa.DataType,
+                values: pa.Table) -> tuple[bool, int]:
+    """Make ``ds[column]`` equal ``values`` (``image_id``, ``value``) where they differ.
+
+    Adds the column (all-null, metadata only) if missing, then rewrites only that
+    column for the rows whose value changed. Returns ``(added, rows_updated)``.
+    """
+    added = False
+    if column not in ds.schema.names:
+        ds.add_columns(pa.schema([pa.field(column, field_type)]))
+        added = True
+    if values.num_rows == 0:
+        return added, 0
+    current = ds.to_table(columns=["image_id", column])
+    # Join on the key and row positions only (Arrow cannot join on list payloads), then take.
+    left = pa.table({"image_id": values.column("image_id"), "_l": pa.array(range(values.num_rows))})
+    right = pa.table({"image_id": current.column("image_id"), "_r": pa.array(range(current.num_rows))})
+    pairs = left.join(right, "image_id", join_type="inner")
+    new = values.column("value").take(pairs.column("_l"))
+    cur = current.column(column).take(pairs.column("_r"))
+    if pa.types.is_fixed_size_list(field_type):
+        cur_list, new_list = cur.to_pylist(), new.to_pylist()
+        mask = pa.array([c is None or c != n for c, n in zip(cur_list, new_list, strict=True)], pa.bool_())
+    else:
+        mask = pc.fill_null(pc.or_kleene(pc.is_null(cur), pc.not_equal(cur, new)), True)
+    joined = pa.table({"image_id": pairs.column("image_id"), "value": new})
+    changed = joined.filter(mask)
+    if changed.num_rows == 0:
+        return added, 0
+    update = pa.table({"image_id": changed.column("image_id"),
+                       column: changed.column("value").cast(field_type)})
+    ds.merge_insert("image_id").when_matched_update_all().write_mode("rewrite_columns").execute(update)
+    return added, changed.num_rows
+
+
+def _without_centroids() -> None:
+    # Lance's vector index statistics include centroids unless told otherwise; we never need them.
+    # Read by Lance when statistics are computed, so setting it before the first call suffices.
+    os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
+
+
+def ensure_indexes(ds: lance.LanceDataset, vector_index_min_rows: int = 10_000) -> list[str]:
+    """Create missing indexes, then fold unindexed rows into existing ones. Returns created names."""
+    _without_centroids()
+    existing = {tuple(ix.field_names) for ix in ds.describe_indices()}
+    created = []
+    names = set(ds.schema.names)
+    rows = ds.count_rows()
+    if rows == 0:
+        return created
+    for col, kind in SCALAR_INDEXES.items():
+        if col in names and (col,) not in existing:
+            ds.create_scalar_index(col, kind)
+            created.append(f"{col}:{kind}")
+    for col in sorted(names):
+        if col.startswith(CAPTION_PREFIX) and (col,) not in existing:
+            ds.create_scalar_index(col, "INVERTED")
+            created.append(f"{col}:INVERTED")
+        if col.startswith(EMBEDDING_PREFIX) and (col,) not in existing and rows >= vector_index_min_rows:
+            indexed = ds.count_rows(filter=f"{col} IS NOT NULL")
+            if indexed < vector_index_min_rows:
+                continue
+            dim = ds.schema.field(col).type.list_size
+            sub = next(s for s in (dim // 16, dim // 8, dim // 4, 1) if s >= 1 and dim % s == 0)
+            ds.create_index(col, index_type="IVF_PQ", num_partitions=max(1, int(math.sqrt(indexed))),
+                            num_sub_vectors=sub, metric="cosine")
+            created.append(f"{col}:IVF_PQ")
+    if existing:  # fold rows written since those indexes were built into them
+        ds.optimize.optimize_indices()
+    return created
+
+
+def index_coverage(ds: lance.LanceDataset) -> list[dict[str, Any]]:
+    """Per index: name, type, columns, indexed and unindexed row counts."""
+    _without_centroids()
+    out = []
+    for ix in ds.describe_indices():
+        st = ds.stats.index_stats(ix.name)
+        out.append({"name": ix.name, "type": ix.index_type, "columns": list(ix.field_names),
+                    "indexed_rows": int(st.get("num_indexed_rows", 0)),
+                    "unindexed_rows": int(st.get("num_unindexed_rows", 0)),
+                    "size_bytes": int(ix.total_size_bytes or 0)})
+    return sorted(out, key=lambda d: d["name"])
+
+
+def dataset_size(ds: lance.LanceDataset) -> int:
+    """Bytes of the data files of the current version."""
+    return sum(df.file_size_bytes or 0 for f in ds.get_fragments() for df in f.data_files()
+               if getattr(df, "file_size_bytes", None) is not None)
+
+
+def tag_version(ds: lance.LanceDataset, tag: str, version: int) -> None:
+    """Point ``tag`` at ``version`` (create or move)."""
+    tags = ds.tags.list()
+    if tag in tags:
+        if tags[tag]["version"] != version:
+            ds.tags.update(tag, version)
+    else:
+        ds.tags.create(tag, version)
+
+
+def sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None = None,
+             embedder_ids: Sequence[str] = (), vector_index_min_rows: int = 10_000,
+             publish: bool = True) -> LabSync:
+    """Join captions and embeddings into the images table, index it, tag the version.
+
+    Parameters
+    ----------
+    captioner_ids:
+        Captioners whose captions become columns; ``None`` means every captioner found in
+        the captions table.
+    embedder_ids:
+        Embedders whose vectors become columns.
+    """
+    opts = root.storage_options()
+    images = open_table(table_uri(root, IMAGES_TABLE), opts)
+    out = LabSync()
+    if images is None:
+        return out
+    captions = open_table(table_uri(root, CAPTIONS_TABLE), opts)
+    if captions is not None:
+        ids = list(captioner_ids) if captioner_ids is not None else sorted(set(
+            captions.to_table(columns=["captioner_id"]).column("captioner_id").to_pylist()))
+        for cid in ids:
+            t = captions.to_table(columns=["image_id", "caption"], filter=where_eq("captioner_id", cid))
+            col = caption_column(cid)
+            added, n = join_column(images, col, pa.string(), t.rename_columns(["image_id", "value"]))
+            if added:
+                out.columns_added.append(col)
+            out.rows_updated[col] = n
+    for eid in embedder_ids:
+        emb = open_table(table_uri(root, embeddings_table(eid)), opts)
+        if emb is None:
+            continue
+        t = emb.to_table(columns=["image_id", "embedding"])
+        col = embedding_column(eid)
+        added, n = join_column(images, col, emb.schema.field("embedding").type,
+                               t.rename_columns(["image_id", "value"]))
+        if added:
+            out.columns_added.append(col)
+        out.rows_updated[col] = n
+    out.indexes_created = ensure_indexes(images, vector_index_min_rows)
+    images = lance.dataset(images.uri, storage_options=opts)  # latest version after all commits
+    if publish:
+        tag_version(images, PUBLISHED_TAG, images.version)
+    out.version = images.version
+    out.rows = images.count_rows()
+    out.fragments = len(images.get_fragments())
+    out.size_bytes = dataset_size(images)
+    out.indexes = index_coverage(images)
+    out.tags = {k: v["version"] for k, v in images.tags.list().items()}
+    return out

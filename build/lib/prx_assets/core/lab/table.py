@@ -1,0 +1,120 @@
+"""Lance table access: create on first use, replace one partition's rows atomically.
+
+``replace_partition`` is a single Lance ``merge_insert`` commit keyed by ``image_id``:
+new rows are inserted, rows whose content changed are updated, and rows of the same
+partition that are no longer produced are deleted. Re-running a partition therefore
+never duplicates rows, readers never see a half-replaced partition, and unchanged rows
+(same original hash and normalization settings) are not rewritten.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import lance
+import pyarrow as pa
+
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.sql import where_eq
+from prx_assets.errors import StorageError
+
+
+def table_uri(root: DataRoot, name: str) -> str:
+    """URI of the Lance dataset ``name`` under the data root."""
+    return root.join(layout.table(name))
+
+
+def _missing(err: Exception) -> bool:
+    text = str(err)
+    return "was not found" in text or "Not found" in text or "NotFound" in text
+
+
+def open_table(uri: str, storage_options: dict[str, str] | None = None,
+               version: int | str | None = None) -> lance.LanceDataset | None:
+    """Open a Lance dataset, or return ``None`` when it does not exist yet."""
+    try:
+        return lance.dataset(uri, version=version, storage_options=storage_options)
+    except (ValueError, OSError, FileNotFoundError) as e:
+        if _missing(e) and version is None:
+            return None
+        raise
+
+
+def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] | None = None,
+                   wait_seconds: float = 60.0) -> lance.LanceDataset:
+    """Open the dataset, creating it empty with ``schema`` if needed (race-safe).
+
+    Writers racing to create the same table claim a marker next to it with a
+    create-if-absent write; only the winner creates, the others wait for the table to
+    appear. (Two plain creates can land as create + overwrite, and an overwrite is a
+    conflict no later commit can retry past.)
+    """
+    ds = open_table(uri, storage_options)
+    if ds is not None:
+        return ds
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    marker_root = DataRoot(parent)
+    if marker_root.write_new(f".{name}.creating", b"1"):
+        return lance.write_dataset(schema.empty_table(), uri, schema=schema, mode="create",
+                                   storage_options=storage_options)
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        ds = open_table(uri, storage_options)
+        if ds is not None:
+            return ds
+        time.sleep(0.05)
+    # The claimant died before creating it (or the table was deleted and the marker left):
+    # create it now; a plain create fails rather than overwrite if someone else just did.
+    try:
+        return lance.write_dataset(schema.empty_table(), uri, schema=schema, mode="create",
+                                   storage_options=storage_options)
+    except (OSError, ValueError) as e:
+        ds = open_table(uri, storage_options)
+        if ds is not None:
+            return ds
+        raise StorageError(f"cannot create table {uri}: {e}; check the data root and remove "
+                           f"{parent}/.{name}.creating if a writer died mid-creation") from e
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """Outcome of one commit."""
+
+    version: int
+    inserted: int
+    updated: int
+    deleted: int
+
+
+def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partition_value: str,
+                      batches: Iterable[pa.RecordBatch], storage_options: dict[str, str] | None = None,
+                      key: str = "image_id", unchanged_if: str | None = None) -> WriteResult:
+    """Make the rows with ``partition_column == partition_value`` equal ``batches``.
+
+    Parameters
+    ----------
+    batches:
+        The partition's new rows, streamed (memory stays bounded).
+    unchanged_if:
+        SQL condition over ``target.`` and ``source.`` columns under which an existing
+        row is kept as is; ``None`` rewrites every matched row.
+    """
+    ds = open_or_create(uri, schema, storage_options)
+    builder = ds.merge_insert(key)
+    builder = builder.when_matched_update_all(f"NOT ({unchanged_if})" if unchanged_if else None)
+    builder = builder.when_not_matched_insert_all()
+    builder = builder.when_not_matched_by_source_delete(where_eq(partition_column, partition_value))
+    reader = pa.RecordBatchReader.from_batches(schema, _conform(batches, schema))
+    stats = builder.execute(reader)
+    return WriteResult(version=ds.version, inserted=int(stats.get("num_inserted_rows", 0)),
+                       updated=int(stats.get("num_updated_rows", 0)),
+                       deleted=int(stats.get("num_deleted_rows", 0)))
+
+
+def _conform(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    for b in batches:
+        yield b if b.schema.equals(schema) else b.cast(schema)
+

@@ -1,0 +1,111 @@
+"""Every path under the data root, in one place.
+
+All functions return paths *relative to the data root* (join them with
+``DataRoot.join``/``read_bytes``/``write_bytes``), so the same layout serves a local folder
+and an object-store prefix::
+
+    <data root>/
+      demo/                                   the generated demo corpus (CORPUS.json marks it)
+      ingest/batches/<source>/<seq>.json      immutable batch manifests (one per partition)
+      lance/<table>.lance                     images, rejects, captions, embeddings_<embedder id>
+      curated/<recipe>/<subset id>/           subset.json + ids.parquet
+      mds/<recipe>/<shard set id>/            MDS shards, index.json, manifest.json
+      mixtures/<mixture>/<version>.json       mixture specs the trainer reads
+      training/<mixture>/<version>/<run>/     checkpoints (local data roots)
+      slurm/                                  job scripts, logs and Pipes files (local data roots)
+
+>>> shard_set_manifest("demo_all", "3f2a")
+'mds/demo_all/3f2a/manifest.json'
+>>> subset_manifest("demo_all", "v12-ab")
+'curated/demo_all/v12-ab/subset.json'
+"""
+
+from __future__ import annotations
+
+DEMO_DIR = "demo"
+DEMO_MARKER = f"{DEMO_DIR}/CORPUS.json"
+BATCHES_DIR = "ingest/batches"
+LANCE_DIR = "lance"
+CURATED_DIR = "curated"
+MDS_DIR = "mds"
+MIXTURE_DIR = "mixtures"
+TRAINING_DIR = "training"
+SLURM_DIR = "slurm"
+
+SUBSET_MANIFEST = "subset.json"
+SUBSET_IDS = "ids.parquet"
+SHARD_SET_MANIFEST = "manifest.json"
+MDS_INDEX = "index.json"
+
+
+def table(name: str) -> str:
+    """A Lance table: ``lance/<name>.lance``."""
+    return f"{LANCE_DIR}/{name}.lance"
+
+
+def table_name(rel: str) -> str | None:
+    """The table name of a path under ``lance/`` (``None`` when it is not a table folder)."""
+    leaf = rel.rstrip("/").rsplit("/", 1)[-1]
+    return leaf.removesuffix(".lance") if leaf.endswith(".lance") else None
+
+
+def batches_dir(source: str) -> str:
+    """The folder of a source's batch manifests."""
+    return f"{BATCHES_DIR}/{source}"
+
+
+def batch_manifest(source: str, seq: int) -> str:
+    """One batch manifest: ``ingest/batches/<source>/<seq:05d>.json``."""
+    return f"{batches_dir(source)}/{seq:05d}.json"
+
+
+def subset_dir(recipe: str, subset_id: str) -> str:
+    """A curated subset's folder."""
+    return f"{CURATED_DIR}/{recipe}/{subset_id}"
+
+
+def subset_manifest(recipe: str, subset_id: str) -> str:
+    """A curated subset's ``subset.json``."""
+    return f"{subset_dir(recipe, subset_id)}/{SUBSET_MANIFEST}"
+
+
+def subset_ids(recipe: str, subset_id: str) -> str:
+    """A curated subset's ``ids.parquet``."""
+    return f"{subset_dir(recipe, subset_id)}/{SUBSET_IDS}"
+
+
+def recipe_shards_dir(recipe: str) -> str:
+    """Where a recipe's shard sets live."""
+    return f"{MDS_DIR}/{recipe}"
+
+
+def shard_set_dir(recipe: str, shard_set_id: str) -> str:
+    """A published shard set's folder (a StreamingDataset root)."""
+    return f"{recipe_shards_dir(recipe)}/{shard_set_id}"
+
+
+def shard_set_manifest(recipe: str, shard_set_id: str) -> str:
+    """A published shard set's ``manifest.json`` (written last: its presence means complete)."""
+    return f"{shard_set_dir(recipe, shard_set_id)}/{SHARD_SET_MANIFEST}"
+
+
+def shard_set_staging(recipe: str, shard_set_id: str, token: str) -> str:
+    """A local staging folder beside the final one (renamed into place on publish)."""
+    return f"{recipe_shards_dir(recipe)}/.staging-{shard_set_id}-{token}"
+
+
+def manifest_of(folder_or_manifest: str) -> str:
+    """The ``manifest.json`` of a shard-set folder or URI (unchanged when it already names one)."""
+    if folder_or_manifest.endswith(SHARD_SET_MANIFEST):
+        return folder_or_manifest
+    return f"{folder_or_manifest.rstrip('/')}/{SHARD_SET_MANIFEST}"
+
+
+def mixture_spec(mixture: str, version: str) -> str:
+    """A resolved mixture spec: ``mixtures/<mixture>/<version>.json``."""
+    return f"{MIXTURE_DIR}/{mixture}/{version}.json"
+
+
+def training_dir(mixture: str, version: str) -> str:
+    """Checkpoints of the training runs on one mixture version."""
+    return f"{TRAINING_DIR}/{mixture}/{version}"

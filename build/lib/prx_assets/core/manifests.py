@@ -1,0 +1,194 @@
+"""The files one stage writes and another reads: frozen, typed, with ``to_json``/``from_json``.
+
+- :class:`SubsetManifest` — ``curated/<recipe>/<subset id>/subset.json``
+- :class:`ShardSetManifest` — ``mds/<recipe>/<shard set id>/manifest.json``
+- :class:`MixtureSpec` (of :class:`MixtureStream`) — ``mixtures/<mixture>/<version>.json``
+
+(the ingest batch manifest, :class:`prx_assets.core.ingest.batches.BatchManifest`, has the
+same shape). The JSON layout is the one readers outside this package see; keys a reader
+does not know are kept in ``extra`` and written back, so older and newer files round-trip.
+Paths come from :mod:`prx_assets.core.layout`.
+
+>>> m = MixtureStream(recipe="r", shard_set_id="s", uri="/d", samples=3, proportion=1.0)
+>>> MixtureStream.from_json(m.to_json()) == m
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+from prx_assets.errors import PrxError
+
+T = TypeVar("T", bound="JsonRecord")
+
+
+class ManifestError(PrxError):
+    """A manifest file that cannot be read: not JSON, or a required key is missing."""
+
+
+class JsonRecord:
+    """``to_dict``/``to_json``/``from_dict``/``from_json`` for a frozen dataclass with an ``extra`` field."""
+
+    #: Fields stored as tuples in Python and lists in JSON.
+    _tuples: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (``extra`` keys at the top level, beside the known ones)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, JsonRecord):
+                value = value.to_dict()
+            elif isinstance(value, tuple):
+                value = [v.to_dict() if isinstance(v, JsonRecord) else v for v in value]
+            out[f.name] = value
+        return {**getattr(self, "extra", {}), **out}
+
+    def to_json(self) -> bytes:
+        """Sorted, indented UTF-8 JSON."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True, default=str).encode()
+
+    @classmethod
+    def from_dict(cls: type[T], doc: Mapping[str, Any], where: str = "") -> T:
+        """Build from a parsed document; unknown keys go to ``extra``; a missing key names the file."""
+        known = {f.name: f for f in fields(cls) if f.name != "extra"}  # type: ignore[arg-type]
+        kwargs: dict[str, Any] = {}
+        for name, f in known.items():
+            if name in doc:
+                value = doc[name]
+                kwargs[name] = tuple(value) if name in cls._tuples and value is not None else value
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ManifestError(f"{cls.__name__} {where or ''} has no {name!r}; it was not written by this "
+                                    "version of prx_assets (re-materialize it)".replace("  ", " "))
+        if "extra" in {f.name for f in fields(cls)}:  # type: ignore[arg-type]
+            kwargs["extra"] = {k: v for k, v in doc.items() if k not in known}
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls: type[T], data: bytes | str, where: str = "") -> T:
+        """Parse JSON text or bytes (``where`` names the file in errors)."""
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise ManifestError(f"{cls.__name__} {where} is not valid JSON: {e}") from e
+        if not isinstance(doc, dict):
+            raise ManifestError(f"{cls.__name__} {where} is not a JSON object")
+        return cls.from_dict(doc, where)
+
+
+@dataclass(frozen=True)
+class SubsetManifest(JsonRecord):
+    """A curated subset: what a recipe selected from one Lance version (ids in ``ids``)."""
+
+    subset_id: str
+    recipe: str
+    recipe_hash: str
+    lance_uri: str
+    lance_version: int
+    ids: str
+    selected: int
+    total: int = 0
+    lance_tag: str | None = None
+    dropped: dict[str, int] = field(default_factory=dict)
+    buckets: dict[str, int] = field(default_factory=dict)
+    caption_columns: tuple[str, ...] = ()
+    version: int | None = None  # the Lance version again (older readers use this key)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _tuples: ClassVar[tuple[str, ...]] = ("caption_columns",)
+
+
+@dataclass(frozen=True)
+class ShardSetManifest(JsonRecord):
+    """A published MDS shard set and its lineage (written last: its presence means the set is complete)."""
+
+    shard_set_id: str
+    recipe: str
+    subset_id: str
+    lance_uri: str
+    lance_version: int
+    uri: str
+    samples: int
+    shards: int
+    bytes: int
+    recipe_hash: str = ""
+    lance_tag: str | None = None
+    captioner_ids: tuple[str, ...] = ()
+    caption_plan: dict[str, Any] = field(default_factory=dict)
+    columns: dict[str, str] = field(default_factory=dict)
+    code_version: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    text_latents: dict[str, Any] | None = None
+    bucket_streams: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)  # lineage such as dagster_run_id
+
+    _tuples: ClassVar[tuple[str, ...]] = ("captioner_ids",)
+
+    @property
+    def validate_hash(self) -> str | None:
+        """The first per-shard hash recorded (what a reader can verify), if any."""
+        return (list(self.settings.get("hashes") or []) or [None])[0]
+
+
+@dataclass(frozen=True)
+class MixtureStream(JsonRecord):
+    """One stream of a mixture: a recipe's shard set and how it is weighted."""
+
+    recipe: str
+    shard_set_id: str
+    uri: str
+    samples: int
+    proportion: float | None = None
+    repeat: float | None = None
+    choose: int | None = None
+    caption_plan: dict[str, Any] | None = None
+    lance_version: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def weighting(self) -> str:
+        """``proportion 0.7``, ``repeat 2``, ``choose 100`` or ``all samples``."""
+        for key in ("proportion", "repeat", "choose"):
+            if getattr(self, key) is not None:
+                return f"{key} {getattr(self, key)}"
+        return "all samples"
+
+
+@dataclass(frozen=True)
+class MixtureSpec(JsonRecord):
+    """What the trainer streams: shard sets with weights, the epoch size and the expected samples per stream.
+
+    ``mixture_version`` is a hash of everything else, so one version means one training input.
+    """
+
+    name: str
+    epoch_size: int
+    streams: tuple[MixtureStream, ...]
+    expected_samples_per_stream: dict[str, int]
+    mixture_version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], where: str = "") -> MixtureSpec:
+        """Build from a parsed document (streams become :class:`MixtureStream`)."""
+        streams = tuple(MixtureStream.from_dict(s, f"{where} stream {i}") for i, s in enumerate(doc.get("streams", [])))
+        base = super().from_dict({**doc, "streams": []}, where)
+        return dataclasses.replace(base, streams=streams)
+
+    def content_version(self) -> str:
+        """The hash of the spec without its version: what ``mixture_version`` must equal."""
+        doc = self.to_dict()
+        doc.pop("mixture_version", None)
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def versioned(self) -> MixtureSpec:
+        """This spec with ``mixture_version`` set from its content."""
+        return dataclasses.replace(self, mixture_version=self.content_version())

@@ -1,0 +1,382 @@
+"""Vision-language captioners: specs, ids, and the transformers and vLLM backends.
+
+A :class:`CaptionerSpec` names a model (hub id or local path), a prompt and generation
+settings. Its :meth:`~CaptionerSpec.captioner_id` hashes exactly what changes the words
+produced (model, prompts, generation settings, image resizing bounds), so captions from
+different captioners coexist and a changed prompt is a new captioner. Operational
+settings (batch size, dtype, device, backend) are not part of the id.
+
+The transformers backend loads ``AutoProcessor`` + ``AutoModelForImageTextToText`` with
+``from_pretrained`` — the same code loads ``Qwen/Qwen3-VL-8B-Instruct`` on a GPU machine
+and the tiny random checkpoints the tests build. Generation is batched with left
+padding through the checkpoint's chat template; on CUDA out-of-memory the batch is
+halved and retried. The vLLM backend (``pip install 'prx_assets[vllm]'``) is imported
+only when selected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from PIL import Image
+
+from prx_assets.errors import PrxError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROMPT = (
+    "Describe this image in detail for a text-to-image training caption: the main subjects, "
+    "their attributes and positions, the setting, lighting, colors, style and any visible text."
+)
+BACKENDS = ("transformers", "vllm")
+
+
+class ModelLoadError(PrxError):
+    """A model path or checkpoint cannot serve the requested role; the message says why and how to fix."""
+
+
+def slug(text: str) -> str:
+    """Lowercase identifier-safe form of a name."""
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "model"
+
+
+@dataclass(frozen=True)
+class CaptionerSpec:
+    """One captioner: model, prompt and generation settings (see module docs)."""
+
+    name: str
+    model: str
+    prompt: str = DEFAULT_PROMPT
+    system_prompt: str | None = None
+    max_new_tokens: int = 256
+    min_new_tokens: int | None = None
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    seed: int = 0
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    batch_size: int = 8
+    dtype: str = "auto"
+    backend: str = "transformers"
+
+    _IDENTITY = ("model", "prompt", "system_prompt", "max_new_tokens", "min_new_tokens", "do_sample",
+                 "temperature", "top_p", "top_k", "repetition_penalty", "no_repeat_ngram_size",
+                 "seed", "min_pixels", "max_pixels")
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that define what this captioner writes."""
+        d = {k: getattr(self, k) for k in self._IDENTITY}
+        d["model"] = model_identity(self.model)
+        if not self.do_sample:  # sampling knobs do not matter for greedy decoding
+            for k in ("temperature", "top_p", "top_k", "seed"):
+                d.pop(k)
+        return d
+
+    def captioner_id(self) -> str:
+        """``<name>-<8 hex>``: stable across batch size, dtype, device and backend.
+
+        >>> CaptionerSpec(name="detailed", model="Qwen/Qwen3-VL-8B-Instruct").captioner_id()[:9]
+        'detailed-'
+        """
+        digest = hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:8]
+        return f"{slug(self.name)}-{digest}"
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``model.generate``."""
+        kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "do_sample": self.do_sample,
+                              "repetition_penalty": self.repetition_penalty}
+        if self.min_new_tokens:
+            kw["min_new_tokens"] = self.min_new_tokens
+        if self.no_repeat_ngram_size:
+            kw["no_repeat_ngram_size"] = self.no_repeat_ngram_size
+        if self.do_sample:
+            kw.update(temperature=self.temperature, top_p=self.top_p)
+            if self.top_k is not None:
+                kw["top_k"] = self.top_k
+        return kw
+
+    def messages(self, image: Image.Image) -> list[dict[str, Any]]:
+        """Chat messages for one image."""
+        msgs: list[dict[str, Any]] = []
+        if self.system_prompt:
+            msgs.append({"role": "system", "content": [{"type": "text", "text": self.system_prompt}]})
+        msgs.append({"role": "user", "content": [{"type": "image", "image": image},
+                                                 {"type": "text", "text": self.prompt}]})
+        return msgs
+
+
+@dataclass(frozen=True)
+class CaptionResult:
+    """One generated caption."""
+
+    text: str
+    tokens: int
+    seconds: float
+    hit_max_tokens: bool
+
+
+class Captioner(Protocol):
+    """What the recaption stage needs from a backend."""
+
+    spec: CaptionerSpec
+
+    def caption(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
+        """Caption images, in order."""
+        ...
+
+
+def model_identity(model: str) -> str:
+    """A machine-independent name for a model: the hub id, or for a local checkpoint its
+    folder name plus a hash of its config and weight file sizes (moving a checkpoint to
+    another path keeps the id; replacing its weights changes it)."""
+    if not looks_local(model):
+        return model
+    path = Path(model).expanduser()
+    h = hashlib.sha256()
+    if (path / "config.json").is_file():
+        h.update((path / "config.json").read_bytes())
+    for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return f"local:{path.name}:{h.hexdigest()[:12]}"
+
+
+def looks_local(model: str) -> bool:
+    """True when ``model`` is meant as a filesystem path rather than a hub id."""
+    return model.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(model))
+
+
+def check_model_path(model: str, role: str, example: str) -> str:
+    """Fail early, naming the path and the fix, when a local checkpoint folder is missing."""
+    if looks_local(model):
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            raise ModelLoadError(
+                f"{role} model path {str(path)!r} does not exist; build the tiny offline models with "
+                f"`prx-assets models` or point 'model:' in models.yaml at a checkpoint folder or a "
+                f"hub id such as {example!r}")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{role} model path {str(path)!r} has no config.json, so it is not a Hugging Face "
+                "checkpoint folder; point 'model:' at the folder that save_pretrained wrote")
+        return str(path)
+    return model
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` picks CUDA when available."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str, device: str) -> Any:
+    """``auto``: bfloat16 on CUDA, float32 on CPU; or a torch dtype name."""
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    try:
+        return getattr(torch, dtype)
+    except AttributeError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def _is_oom(err: BaseException) -> bool:
+    import torch
+
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+    return isinstance(err, oom_types) or "out of memory" in str(err).lower()
+
+
+class TransformersCaptioner:
+    """Qwen3-VL (or any image-text-to-text checkpoint) through transformers ``generate``."""
+
+    def __init__(self, spec: CaptionerSpec, device: str = "auto") -> None:
+        self.spec = spec
+        self.device = resolve_device(device)
+        self.model_path = check_model_path(spec.model, "captioner", "Qwen/Qwen3-VL-8B-Instruct")
+        self._load()
+
+    def _load(self) -> None:
+        from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+        try:
+            config = AutoConfig.from_pretrained(self.model_path)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"cannot read the config of captioner model {self.model_path!r}: {e}") from e
+        if getattr(config, "vision_config", None) is None:
+            raise ModelLoadError(
+                f"captioner model {self.model_path!r} is a {config.model_type!r} checkpoint without a "
+                "vision tower; captioners need an image-text-to-text model such as "
+                "Qwen/Qwen3-VL-8B-Instruct")
+        try:
+            processor = AutoProcessor.from_pretrained(self.model_path)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(
+                f"cannot load the processor of captioner model {self.model_path!r} ({e}); a checkpoint "
+                "folder needs preprocessor_config.json and the tokenizer files next to config.json") from e
+        if not hasattr(processor, "image_processor"):
+            raise ModelLoadError(
+                f"AutoProcessor for {self.model_path!r} returned a bare {type(processor).__name__}, so "
+                "generate would never see the image; install torchvision (the Qwen3-VL video "
+                "processor needs it) and check the checkpoint ships preprocessor_config.json")
+        ip = processor.image_processor
+        if self.spec.min_pixels or self.spec.max_pixels:
+            size = dict(getattr(ip, "size", None) or {})
+            if self.spec.min_pixels:
+                ip.min_pixels = size["shortest_edge"] = self.spec.min_pixels
+            if self.spec.max_pixels:
+                ip.max_pixels = size["longest_edge"] = self.spec.max_pixels
+            ip.size = size
+        processor.tokenizer.padding_side = "left"
+        if processor.tokenizer.pad_token is None:
+            processor.tokenizer.pad_token = processor.tokenizer.eos_token
+        dtype = resolve_dtype(self.spec.dtype, self.device)
+        self.model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype).to(
+            self.device).eval()
+        self.processor = processor
+        gen = self.model.generation_config
+        self.eos_ids = set(gen.eos_token_id if isinstance(gen.eos_token_id, list) else
+                           [gen.eos_token_id] if gen.eos_token_id is not None else [])
+        self.pad_id = processor.tokenizer.pad_token_id
+
+    def _generate(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
+        import torch
+
+        inputs = self.processor.apply_chat_template(
+            [self.spec.messages(im) for im in images], tokenize=True, add_generation_prompt=True,
+            return_dict=True, return_tensors="pt", padding=True).to(self.device)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            if self.spec.do_sample:
+                torch.manual_seed(self.spec.seed)
+            out = self.model.generate(**inputs, **self.spec.generate_kwargs(),
+                                      pad_token_id=self.pad_id)
+        seconds = (time.perf_counter() - started) / max(1, len(images))
+        new = out[:, inputs["input_ids"].shape[1]:].tolist()
+        results = []
+        for seq in new:
+            n = 0
+            for tok in seq:
+                if tok in self.eos_ids or tok == self.pad_id:
+                    break
+                n += 1
+            text = self.processor.tokenizer.decode(seq[:n], skip_special_tokens=True).strip()
+            results.append(CaptionResult(text=text, tokens=n, seconds=seconds,
+                                         hit_max_tokens=n >= self.spec.max_new_tokens))
+        return results
+
+    def caption(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
+        """Caption in batches of ``spec.batch_size``; halve the batch on out-of-memory.
+
+        Images are grouped by pixel count before batching (the vision token count follows
+        it), so a batch pads little; results come back in input order.
+        """
+        order = sorted(range(len(images)), key=lambda i: images[i].size[0] * images[i].size[1])
+        ordered = [images[i] for i in order]
+        results_sorted = self._caption_in_order(ordered)
+        results: list[CaptionResult | None] = [None] * len(images)
+        for pos, idx in enumerate(order):
+            results[idx] = results_sorted[pos]
+        return [r for r in results if r is not None]
+
+    def _caption_in_order(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
+        results: list[CaptionResult] = []
+        batch = max(1, self.spec.batch_size)
+        i = 0
+        while i < len(images):
+            chunk = images[i:i + batch]
+            try:
+                results.extend(self._generate(chunk))
+            except (RuntimeError, MemoryError) as e:
+                if not _is_oom(e) or batch == 1:
+                    raise
+                import torch
+
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                batch = max(1, batch // 2)
+                log.warning("out of memory captioning %d images; retrying with batch size %d",
+                            len(chunk), batch)
+                continue
+            i += len(chunk)
+        return results
+
+
+class VLLMCaptioner:
+    """The same prompt and settings through vLLM's offline ``LLM.generate`` (GPU scale)."""
+
+    def __init__(self, spec: CaptionerSpec, device: str = "auto", **llm_kwargs: Any) -> None:
+        try:
+            from vllm import LLM, SamplingParams
+        except ImportError:
+            raise ModelLoadError(
+                f"captioner {spec.name!r} selects backend 'vllm' but vLLM is not installed; "
+                "install it with `pip install 'prx_assets[vllm]'` on a CUDA machine or use "
+                "backend: transformers") from None
+        from transformers import AutoProcessor
+
+        self.spec = spec
+        self.model_path = check_model_path(spec.model, "captioner", "Qwen/Qwen3-VL-8B-Instruct")
+        self.processor = AutoProcessor.from_pretrained(self.model_path)
+        mm_kwargs = {k: v for k, v in (("min_pixels", spec.min_pixels), ("max_pixels", spec.max_pixels))
+                     if v}
+        self.llm = LLM(model=self.model_path, dtype="auto" if spec.dtype == "auto" else spec.dtype,
+                       limit_mm_per_prompt={"image": 1}, mm_processor_kwargs=mm_kwargs or None,
+                       seed=spec.seed, **llm_kwargs)
+        self.params = SamplingParams(
+            max_tokens=spec.max_new_tokens, min_tokens=spec.min_new_tokens or 0,
+            temperature=spec.temperature if spec.do_sample else 0.0,
+            top_p=spec.top_p if spec.do_sample else 1.0, top_k=spec.top_k or -1,
+            repetition_penalty=spec.repetition_penalty, seed=spec.seed)
+
+    def caption(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
+        """Caption all images in one vLLM call (it schedules batches itself)."""
+        prompts = [{"prompt": self.processor.apply_chat_template(
+            self.spec.messages(im), tokenize=False, add_generation_prompt=True),
+            "multi_modal_data": {"image": im}} for im in images]
+        started = time.perf_counter()
+        outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
+        seconds = (time.perf_counter() - started) / max(1, len(images))
+        results = []
+        for out in outputs:
+            c = out.outputs[0]
+            n = len(c.token_ids)
+            results.append(CaptionResult(text=c.text.strip(), tokens=n, seconds=seconds,
+                                         hit_max_tokens=n >= self.spec.max_new_tokens))
+        return results
+
+
+def load_captioner(spec: CaptionerSpec, device: str = "auto") -> Captioner:
+    """Instantiate the spec's backend."""
+    if spec.backend == "vllm":
+        return VLLMCaptioner(spec, device)
+    if spec.backend == "transformers":
+        return TransformersCaptioner(spec, device)
+    raise ModelLoadError(f"captioner {spec.name!r}: unknown backend {spec.backend!r}; use one of {BACKENDS}")
+
+
+def spec_from_dict(raw: dict[str, Any]) -> CaptionerSpec:
+    """Build a spec from a models.yaml entry (unknown keys raise TypeError)."""
+    fields = {f.name for f in dataclasses.fields(CaptionerSpec)}
+    unknown = set(raw) - fields
+    if unknown:
+        raise TypeError(f"unknown captioner keys {sorted(unknown)}; use: {', '.join(sorted(fields))}")
+    return CaptionerSpec(**raw)

@@ -1,0 +1,150 @@
+"""``models.yaml``: the captioners (several, side by side) and the image embedder.
+
+::
+
+    captioners:
+      - name: detailed
+        model: Qwen/Qwen3-VL-8B-Instruct      # hub id, or a local checkpoint folder
+        prompt: "Describe this image in detail ..."
+        max_new_tokens: 256
+        batch_size: 16
+      - name: short
+        model: Qwen/Qwen3-VL-2B-Instruct
+        prompt: "Caption this image in one sentence."
+        max_new_tokens: 64
+    embedder:
+      model: google/siglip2-so400m-patch14-384
+      batch_size: 64
+    text_encoder:                           # what the trainer conditions on (computed on the fly)
+      name: qwen3vl2b                       # tower name in MDS latent column names
+      model: Qwen/Qwen3-VL-2B-Instruct      # its language model's hidden states are used
+      max_length: 128
+
+Values may use ``${VAR}`` / ``${VAR:-default}``; relative local paths (``./``, ``../``)
+are resolved against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prx_assets.core.config.project import config_dir, expand_env, read_yaml
+from prx_assets.core.models.captions import BACKENDS, CaptionerSpec, looks_local
+from prx_assets.core.models.embeddings import EmbedderSpec
+from prx_assets.core.models.text_encoder import TextTowerSpec
+from prx_assets.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    """The parsed ``models.yaml``."""
+
+    path: str
+    captioners: tuple[CaptionerSpec, ...]
+    embedder: EmbedderSpec | None
+    text_encoder: TextTowerSpec | None = None
+
+    def captioner(self, captioner_id: str) -> CaptionerSpec:
+        """The spec whose id is ``captioner_id``; the error lists the configured ids."""
+        for c in self.captioners:
+            if c.captioner_id() == captioner_id:
+                return c
+        known = ", ".join(c.captioner_id() for c in self.captioners) or "(none)"
+        raise ConfigError(f"no captioner with id {captioner_id!r}; configured: {known}", path=self.path,
+                          fix="the captioner was removed or its settings changed (which changes its id); "
+                              "restore it in models.yaml or use a configured id")
+
+    def captioner_ids(self) -> list[str]:
+        """Ids of the configured captioners, in file order."""
+        return [c.captioner_id() for c in self.captioners]
+
+
+def _resolve_model(value: Any, cfg_path: Path, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError("missing 'model'", path=str(cfg_path), entry=where,
+                          fix="set model: to a hub id (Qwen/Qwen3-VL-8B-Instruct) or a checkpoint folder")
+    try:
+        value = expand_env(value)
+    except KeyError as e:
+        raise ConfigError(f"environment variable {e.args[0]} is not set", path=str(cfg_path), entry=where,
+                          fix=f"export {e.args[0]} or write ${{{e.args[0]}:-default}}") from None
+    if looks_local(value) and not os.path.isabs(os.path.expanduser(value)):
+        return str((cfg_path.parent / value).resolve())
+    return os.path.expanduser(value) if value.startswith("~") else value
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
+    """Parse and validate ``models.yaml`` (default ``$PRX_CONFIG_DIR/models.yaml``).
+
+    Raises
+    ------
+    ConfigError
+        Naming the file, the captioner and the fix.
+    """
+    cfg_path = Path(path) if path is not None else config_dir() / "models.yaml"
+    spath = str(cfg_path)
+    doc = read_yaml(cfg_path, "create it (see README, 'Captioners') or point PRX_CONFIG_DIR at its folder") or {}
+    if not isinstance(doc, Mapping) or set(doc) - {"captioners", "embedder", "text_encoder"}:
+        raise ConfigError("expected a mapping with 'captioners:' and optionally 'embedder:' and 'text_encoder:'", path=spath,
+                          fix="see README, 'Captioners'")
+    specs: list[CaptionerSpec] = []
+    allowed = _fields(CaptionerSpec)
+    for i, raw in enumerate(doc.get("captioners") or []):
+        where = f"captioners[{i}]"
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+            raise ConfigError("each captioner needs a 'name'", path=spath, entry=where,
+                              fix="write {name: detailed, model: ..., prompt: ...}")
+        where = f"captioner {raw['name']!r}"
+        unknown = set(raw) - allowed
+        if unknown:
+            raise ConfigError(f"unknown keys {sorted(unknown)}", path=spath, entry=where,
+                              fix=f"use only: {', '.join(sorted(allowed))}")
+        values = dict(raw)
+        values["model"] = _resolve_model(raw.get("model"), cfg_path, where)
+        spec = CaptionerSpec(**values)
+        if spec.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {spec.backend!r}", path=spath, entry=where,
+                              fix=f"use one of: {', '.join(BACKENDS)}")
+        if spec.max_new_tokens < 1 or spec.batch_size < 1:
+            raise ConfigError("max_new_tokens and batch_size must be >= 1", path=spath, entry=where,
+                              fix="use e.g. max_new_tokens: 256, batch_size: 8")
+        if any(s.captioner_id() == spec.captioner_id() or s.name == spec.name for s in specs):
+            raise ConfigError("duplicate captioner (same name or same settings)", path=spath, entry=where,
+                              fix="give each captioner a unique name and distinct settings")
+        specs.append(spec)
+    embedder = None
+    raw_e = doc.get("embedder")
+    if raw_e is not None:
+        if not isinstance(raw_e, Mapping):
+            raise ConfigError("'embedder' must be a mapping", path=spath, entry="embedder",
+                              fix="write embedder: {model: google/siglip2-so400m-patch14-384}")
+        unknown = set(raw_e) - _fields(EmbedderSpec)
+        if unknown:
+            raise ConfigError(f"unknown keys {sorted(unknown)}", path=spath, entry="embedder",
+                              fix=f"use only: {', '.join(sorted(_fields(EmbedderSpec)))}")
+        values = dict(raw_e)
+        values["model"] = _resolve_model(raw_e.get("model"), cfg_path, "embedder")
+        embedder = EmbedderSpec(**values)
+    text_encoder = None
+    raw_t = doc.get("text_encoder")
+    if raw_t is not None:
+        allowed_t = _fields(TextTowerSpec)
+        if not isinstance(raw_t, Mapping) or set(raw_t) - allowed_t:
+            raise ConfigError(f"'text_encoder' must be a mapping with keys among {sorted(allowed_t)}", path=spath,
+                              entry="text_encoder", fix="write text_encoder: {model: Qwen/Qwen3-VL-2B-Instruct}")
+        values = dict(raw_t)
+        values["model"] = _resolve_model(raw_t.get("model"), cfg_path, "text_encoder")
+        text_encoder = TextTowerSpec(**values)
+        if text_encoder.max_length < 1:
+            raise ConfigError("text_encoder.max_length must be >= 1", path=spath, entry="text_encoder",
+                              fix="use e.g. max_length: 128")
+    return ModelsConfig(path=spath, captioners=tuple(specs), embedder=embedder, text_encoder=text_encoder)

@@ -1,0 +1,90 @@
+"""Image embeddings from a Hugging Face vision model (SigLIP or CLIP ``get_image_features``).
+
+Vectors are L2-normalized float32, stored per image with the embedder id, for vector
+search and semantic dedup. The same ``from_pretrained`` code loads
+``google/siglip2-so400m-patch14-384`` on a user's machine and the tiny random
+checkpoint the tests build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from prx_assets.core.models.captions import (
+    ModelLoadError,
+    check_model_path,
+    model_identity,
+    resolve_device,
+    resolve_dtype,
+    slug,
+)
+
+
+@dataclass(frozen=True)
+class EmbedderSpec:
+    """The image embedding model and how to run it."""
+
+    model: str
+    name: str = "siglip"
+    batch_size: int = 32
+    dtype: str = "auto"
+
+    def embedder_id(self) -> str:
+        """``<name>-<8 hex>`` over the model (vectors change only when the model does)."""
+        digest = hashlib.sha256(json.dumps({"model": model_identity(self.model)}).encode()).hexdigest()[:8]
+        return f"{slug(self.name)}-{digest}"
+
+
+class ImageEmbedder:
+    """Loads the model once; :meth:`embed` returns an ``(n, dim)`` float32 array, rows of norm 1."""
+
+    def __init__(self, spec: EmbedderSpec, device: str = "auto") -> None:
+        from transformers import AutoConfig, AutoImageProcessor, AutoModel
+
+        self.spec = spec
+        self.device = resolve_device(device)
+        path = check_model_path(spec.model, "embedder", "google/siglip2-so400m-patch14-384")
+        try:
+            config = AutoConfig.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"cannot read the config of embedder model {path!r}: {e}") from e
+        model = AutoModel.from_pretrained(path, dtype=resolve_dtype(spec.dtype, self.device))
+        if not hasattr(model, "get_image_features"):
+            raise ModelLoadError(
+                f"embedder model {path!r} ({config.model_type!r}) has no get_image_features; use a "
+                "SigLIP or CLIP checkpoint such as google/siglip2-so400m-patch14-384")
+        self.model = model.to(self.device).eval()
+        self.processor = AutoImageProcessor.from_pretrained(path)
+        self.dim = int(self._probe_dim())
+
+    def _probe_dim(self) -> int:
+        cfg = self.model.config
+        for attr in ("projection_dim",):
+            if getattr(cfg, attr, None):
+                return getattr(cfg, attr)
+        return self.embed([Image.new("RGB", (32, 32))]).shape[1]
+
+    def embed(self, images: Sequence[Image.Image]) -> np.ndarray:
+        """Embed images in batches of ``spec.batch_size``."""
+        import torch
+
+        out: list[np.ndarray] = []
+        for i in range(0, len(images), max(1, self.spec.batch_size)):
+            chunk = [im.convert("RGB") for im in images[i:i + self.spec.batch_size]]
+            inputs: Any = self.processor(images=chunk, return_tensors="pt").to(self.device)
+            inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
+            with torch.inference_mode():
+                feats = self.model.get_image_features(pixel_values=inputs["pixel_values"])
+            if not isinstance(feats, torch.Tensor):  # some versions return a model output
+                feats = getattr(feats, "pooler_output", None) or feats[0]
+            v = feats.float().cpu().numpy()
+            v /= np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+            out.append(v.astype(np.float32))
+        return np.concatenate(out) if out else np.zeros((0, getattr(self, "dim", 0)), np.float32)

@@ -1,0 +1,1 @@
+"""Publishing: MDS shard sets and training mixtures."""

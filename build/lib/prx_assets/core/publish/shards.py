@@ -1,0 +1,312 @@
+"""MDS shard sets: immutable, atomically published serializations of curated subsets.
+
+A shard set is written from a subset (image ids pinned to a Lance version) with the
+exact stored JPEG bytes (never re-encoded), the chosen caption column(s) and metadata
+(see ``MDS_BASE_COLUMNS``). Parallel writers each write a part folder and
+``merge_index`` joins their indexes. Publication is atomic: on a filesystem the set is
+written in a staging folder and renamed into place; on an object store the shard files
+are uploaded first and ``index.json`` then ``manifest.json`` last, so a reader (which
+needs ``index.json``) never sees a partial set. ``manifest.json`` records the lineage.
+
+Caption columns: with ``captions: [a, b]`` the set has one ``caption`` column holding the
+first available caption in that order; with ``caption_mix: {a: w, b: w}`` it has one
+column per captioner, ``caption_<name>``, and the weights are in the manifest for the
+trainer to sample from.
+
+Text latents are not in the shards by default: the trainer encodes captions on the fly, so
+the text encoder can change without rewriting shards. With ``ShardSettings.text_tower`` set
+(``precomputed_latents``), every caption column also gets
+``latent_{caption_key}_{tower}`` (float16, ``max_length`` x hidden size) and
+``attention_mask_{caption_key}_{tower}`` (uint8) columns, PRX's naming.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lance
+
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot, split_s3
+from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
+from prx_assets.core.lab.sql import rows_by_ids, where_eq
+from prx_assets.core.lab.sync import caption_column
+from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
+from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
+from prx_assets.errors import PrxError
+
+SHARDS_CODE_VERSION = "shards-1"
+
+
+class ShardError(PrxError):
+    """A shard set cannot be written or verified."""
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """How a shard set is written (part of its identity)."""
+
+    size_limit: int = 64 * 1024 * 1024
+    compression: str | None = None
+    hashes: tuple[str, ...] = ("xxh64",)
+    workers: int = 2
+    by_bucket: bool = False
+    text_tower: TextTowerSpec | None = None  # precomputed_latents: encode captions into the shards
+
+    def key(self) -> str:
+        """Short identity of the settings that change the files."""
+        import hashlib
+
+        tower = None if self.text_tower is None else [self.text_tower.tower(), self.text_tower.identity()]
+        payload = json.dumps({"size_limit": self.size_limit, "compression": self.compression,
+                              "hashes": list(self.hashes), "by_bucket": self.by_bucket,
+                              "code": SHARDS_CODE_VERSION, **({"text_tower": tower} if tower else {})},
+                             sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:8]
+
+
+def caption_plan(recipe: Recipe, caption_columns: Sequence[str], captioner_ids: Sequence[str]) -> dict[str, Any]:
+    """MDS caption columns and where each comes from (see module docs)."""
+    def col_for(name: str) -> str:
+        ids = [i for i in captioner_ids if i == name or i.rsplit("-", 1)[0] == name]
+        cols = [caption_column(i) for i in ids] or [caption_column(name)]
+        found = next((c for c in cols if c in caption_columns), None)
+        if found is None:
+            raise ShardError(f"recipe {recipe.name!r}: captioner {name!r} has no caption column in the subset")
+        return found
+
+    if recipe.caption_mix:
+        return {"mode": "mix", "columns": {f"caption_{n}": [col_for(n)] for n, _ in recipe.caption_mix},
+                "weights": {f"caption_{n}": w for n, w in recipe.caption_mix}}
+    if recipe.captions:
+        return {"mode": "first_available", "columns": {"caption": [col_for(n) for n in recipe.captions]},
+                "weights": {"caption": 1.0}}
+    return {"mode": "none", "columns": {}, "weights": {}}
+
+
+def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: dict[str, str],
+                plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None = None) -> int:
+    from streaming import MDSWriter
+
+    lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *(c for cs in plan["columns"].values() for c in cs)]))
+    written = 0
+    with MDSWriter(out=out, columns=columns, compression=settings.compression,
+                   hashes=list(settings.hashes) or None, size_limit=settings.size_limit) as writer:
+        for chunk, rows in rows_by_ids(lab, ids, lab_cols):
+            samples = []
+            for image_id in chunk:
+                r = rows.get(image_id)
+                if r is None:
+                    raise ShardError(f"image {image_id!r} is in the subset but not in Lance version {lab.version}")
+                sample = {k: r[v] for k, v in MDS_FROM_LAB.items()}
+                for mds_col, sources in plan["columns"].items():
+                    sample[mds_col] = next((r[c] for c in sources if r[c]), "")
+                samples.append(sample)
+            if encoder is not None:
+                tower = encoder.spec.tower()
+                for mds_col in plan["columns"]:
+                    for j in range(0, len(samples), 64):
+                        part = samples[j:j + 64]
+                        lat, mask = encoder.encode_numpy([s[mds_col] for s in part])
+                        for s, la, ma in zip(part, lat, mask, strict=True):
+                            s[latent_column(mds_col, tower)] = la
+                            s[mask_column(mds_col, tower)] = ma
+            for sample in samples:
+                writer.write(sample)
+                written += 1
+    return written
+
+
+def merge_part_indexes(root: Path, parts: Sequence[Path]) -> None:
+    """Write ``root/index.json`` over part folders at any depth (``merge_index`` handles one level)."""
+    shards = []
+    for d in parts:
+        rel = d.relative_to(root).as_posix()
+        for sh in json.loads((d / "index.json").read_text())["shards"]:
+            for key in ("raw_data", "zip_data"):
+                if sh.get(key):
+                    sh[key]["basename"] = f"{rel}/{sh[key]['basename']}"
+            shards.append(sh)
+    (root / "index.json").write_text(json.dumps({"version": 2, "shards": shards}, sort_keys=True))
+
+
+def bucket_dir(bucket: str) -> str:
+    """Folder name of an aspect bucket's sub-stream (``16:9`` -> ``bucket_16x9``)."""
+    return "bucket_" + bucket.replace(":", "x")
+
+
+def mds_columns(plan: dict[str, Any], encoder: TextEncoder | None = None) -> dict[str, str]:
+    """MDS column encodings of a shard set with this caption plan (and precomputed latents)."""
+    cols = {**MDS_BASE_COLUMNS, **{c: "str" for c in plan["columns"]}}
+    if encoder is not None:
+        tower, length = encoder.spec.tower(), encoder.spec.max_length
+        for c in plan["columns"]:
+            cols[latent_column(c, tower)] = f"ndarray:float16:{length},{encoder.dim}"
+            cols[mask_column(c, tower)] = f"ndarray:uint8:{length}"
+    return cols
+
+
+def shard_set_id(subset_id: str, settings: ShardSettings) -> str:
+    """Identity of a shard set: its subset and its write settings."""
+    return f"{subset_id}-s{settings.key()}"
+
+
+def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, subset_manifest: SubsetManifest,
+                    ids: Sequence[str], captioner_ids: Sequence[str], settings: ShardSettings,
+                    lineage: dict[str, Any] | None = None) -> ShardSetManifest:
+    """Write and publish the shard set of a subset; return its manifest (reused if already published)."""
+    from streaming.base.util import merge_index
+
+    if not ids:
+        raise ShardError(f"recipe {recipe.name!r} selected no images at Lance version "
+                         f"{subset_manifest.lance_version}; loosen the recipe (see curated_subsets' "
+                         "dropped_by_rule) before writing shards")
+    set_id = shard_set_id(subset_manifest.subset_id, settings)
+    rel = layout.shard_set_dir(recipe.name, set_id)
+    if root.exists(layout.shard_set_manifest(recipe.name, set_id)):
+        return read_shard_set_manifest(root, recipe.name, set_id)
+    plan = caption_plan(recipe, subset_manifest.caption_columns, captioner_ids)
+    encoder = TextEncoder(settings.text_tower, device="auto") if settings.text_tower is not None else None
+    if encoder is not None and not plan["columns"]:
+        raise ShardError(f"recipe {recipe.name!r} has no caption columns to precompute latents for; set captions: "
+                         "or caption_mix: in the recipe, or turn precomputed_latents off")
+    columns = mds_columns(plan, encoder)
+    started = time.perf_counter()
+    staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
+        Path(root.join(layout.shard_set_staging(recipe.name, set_id, uuid.uuid4().hex[:8])))
+    try:
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        groups: dict[str, list[str]] = {"": list(ids)}
+        if settings.by_bucket:  # one sub-stream (folder with its own index.json) per aspect bucket
+            groups = {}
+            for _, rows in rows_by_ids(lab, ids, ["aspect_bucket"], chunk=1000):
+                for r in rows.values():
+                    groups.setdefault(bucket_dir(r["aspect_bucket"]), []).append(r["image_id"])
+            groups = {k: sorted(v) for k, v in sorted(groups.items())}
+        jobs = []
+        for sub, sub_ids in groups.items():
+            workers = max(1, min(settings.workers, len(sub_ids) // 256 or 1))
+            for i in range(workers):
+                jobs.append((sub, sub_ids[i::workers], len(jobs)))
+        with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
+            counts = list(pool.map(lambda j: _write_part(
+                lab, j[1], str(staging / j[0] / f"part-{j[2]:05d}"), columns, plan, settings, encoder), jobs))
+        streams = {}
+        for sub in groups:
+            if sub:
+                merge_index(str(staging / sub), keep_local=True)
+                streams[sub] = {"path": sub, "samples": len(groups[sub])}
+        if streams:  # the whole set as one stream too: an index over every part of every bucket
+            merge_part_indexes(staging, sorted(staging.glob("*/part-*")))
+        else:
+            merge_index(str(staging), keep_local=True)
+        index = json.loads((staging / "index.json").read_text())
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        manifest = ShardSetManifest(
+            shard_set_id=set_id, recipe=recipe.name, recipe_hash=recipe.recipe_hash(),
+            subset_id=subset_manifest.subset_id, lance_uri=subset_manifest.lance_uri,
+            lance_version=subset_manifest.lance_version, lance_tag=subset_manifest.lance_tag,
+            captioner_ids=tuple(c for c in captioner_ids if any(caption_column(c) in cs
+                                                                for cs in plan["columns"].values())),
+            caption_plan=plan, columns=columns, code_version=SHARDS_CODE_VERSION,
+            samples=sum(counts), shards=len(index["shards"]),
+            bytes=sum(p.stat().st_size for p in files if p.name.endswith(".mds") or ".mds." in p.name),
+            settings={"size_limit": settings.size_limit, "compression": settings.compression,
+                      "hashes": list(settings.hashes), "parallel_writers": len(jobs),
+                      "by_bucket": settings.by_bucket},
+            text_latents=None if encoder is None else {
+                "tower": encoder.spec.tower(), "model": encoder.spec.model, "identity": encoder.spec.identity(),
+                "max_length": encoder.spec.max_length, "layer": encoder.spec.layer, "dim": encoder.dim,
+                "columns": {c: [latent_column(c, encoder.spec.tower()), mask_column(c, encoder.spec.tower())]
+                            for c in plan["columns"]}},
+            bucket_streams=streams, uri=root.join(rel), seconds=round(time.perf_counter() - started, 3),
+            extra=dict(lineage or {}),
+        )
+        (staging / layout.SHARD_SET_MANIFEST).write_bytes(manifest.to_json())
+        _publish(root, staging, rel)
+        return manifest
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_shard_set_manifest(root: DataRoot, recipe: str, set_id: str) -> ShardSetManifest:
+    """The manifest of a published shard set (``FileNotFoundError`` when it is not published)."""
+    rel = layout.shard_set_manifest(recipe, set_id)
+    return ShardSetManifest.from_json(root.read_bytes(rel), root.join(rel))
+
+
+def _publish(root: DataRoot, staging: Path, rel: str) -> None:
+    if not root.remote:
+        final = Path(root.join(rel))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(staging, final)  # atomic on one filesystem; fails if another writer won
+        except OSError:
+            if not (final / layout.SHARD_SET_MANIFEST).is_file():
+                raise
+        return
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    last = [staging / layout.MDS_INDEX, staging / layout.SHARD_SET_MANIFEST]
+    for p in [f for f in files if f not in last] + last:
+        root.write_bytes(f"{rel}/{p.relative_to(staging).as_posix()}", p.read_bytes())
+
+
+def open_stream(uri: str, cache: str | None = None, **kwargs: Any) -> Any:
+    """A ``StreamingDataset`` over a published shard set (local folder or ``s3://``)."""
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    if uri.startswith("s3://"):
+        split_s3(uri)
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:  # mosaicml-streaming reads its endpoint from S3_ENDPOINT_URL
+            os.environ.setdefault("S3_ENDPOINT_URL", endpoint)
+        local = cache or tempfile.mkdtemp(prefix="prx-mds-cache-")
+        return StreamingDataset(remote=uri, local=local, **kwargs)
+    return StreamingDataset(local=uri, **kwargs)
+
+
+@dataclass
+class Verification:
+    """What reading a shard set back found."""
+
+    samples: int
+    expected: int
+    checked: int
+    mismatched: list[str]
+
+    @property
+    def passed(self) -> bool:
+        """All samples present and every checked image byte-identical to the lab."""
+        return self.samples == self.expected and not self.mismatched
+
+
+def verify_shard_set(manifest: ShardSetManifest, lab: lance.LanceDataset, sample: int = 16,
+                     seed: int = 0, cache: str | None = None) -> Verification:
+    """Read the set back with ``StreamingDataset``: count, hashes (checked by the reader when
+    the set has them) and a sample of images byte-identical to the lab version."""
+    import numpy as np
+
+    sds = open_stream(manifest.uri, cache=cache, validate_hash=manifest.validate_hash)
+    n = len(sds)
+    picks = np.random.default_rng(seed).permutation(n)[: min(sample, n)] if n else []
+    mismatched = []
+    for i in picks:
+        s = sds[int(i)]
+        row = lab.to_table(columns=["jpeg"], filter=where_eq("image_id", s["image_id"]))
+        if row.num_rows != 1 or row.column(0)[0].as_py() != s["image"]:
+            mismatched.append(s["image_id"])
+    return Verification(samples=n, expected=manifest.samples, checked=len(picks), mismatched=mismatched)

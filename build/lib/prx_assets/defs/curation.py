@@ -1,0 +1,91 @@
+"""curated_subsets: one partition per recipe, ids pinned to a Lance version."""
+
+import dagster as dg
+from pydantic import Field
+
+from prx_assets.core.curate.selection import select
+from prx_assets.core.curate.subsets import write_subset
+from prx_assets.core.lab.query import open_lab
+from prx_assets.core.lab.sync import PUBLISHED_TAG, embedding_column
+from prx_assets.defs.lab import lance_table
+from prx_assets.defs.partitions import recipe_partitions
+from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.defs.visual_metadata import subset_pictures
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+CURATION_CODE_VERSION = "curation-1"
+
+
+def curated_fingerprint_of(recipe_hash: str, lance_version: int) -> str:
+    """The one formula: code version + recipe hash + the lab version read."""
+    return digest(CURATION_CODE_VERSION, recipe_hash, lance_version)
+
+
+def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """The fingerprint a run now would record: of the recipe and the published lab version."""
+    recipe = ctx.config().recipes().get(partition_key or "")
+    try:
+        version = open_lab(ctx.root, tag=PUBLISHED_TAG).version
+    except Exception:  # no published lab yet: the partition cannot be up to date
+        version = -1
+    return curated_fingerprint_of(recipe.recipe_hash(), version)
+
+
+register_fingerprint("curated_subsets", curated_fingerprint)
+
+
+class CurationConfig(dg.Config):
+    """Which lab version a subset is cut from."""
+
+    lance_version: int | None = Field(
+        default=None, description="Lance version to read; default: the version tagged 'published'.")
+
+
+@dg.asset(
+    partitions_def=recipe_partitions,
+    deps=[lance_table],
+    group_name="curation",
+    kinds={"lance", "python"},
+    code_version=CURATION_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "curate"},
+)
+def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, storage: StorageResource,
+                    project: ProjectConfigResource) -> dg.MaterializeResult:
+    """The image ids a recipe selects from the lab, pinned to one Lance version.
+
+    Non-destructive: the lab is only read. The recipe's predicate, resolution and bucket
+    rules are pushed down to Lance; opt-out lists, caption availability, exact/perceptual/
+    embedding dedup and the seeded cap follow, each with a drop count. The version is
+    tagged so cleanup keeps it; re-running against the same version and recipe writes the
+    identical subset. The data version is the subset id ``v<lance version>-<recipe hash>``.
+    """
+    recipe = project.recipes().get(context.partition_key)
+    models = project.models()
+    root = storage.root()
+    ds = open_lab(root, version=config.lance_version,
+                  tag=None if config.lance_version is not None else PUBLISHED_TAG)
+    emb_col = embedding_column(models.embedder.embedder_id()) if models.embedder else None
+    subset = select(ds, recipe, known_captioner_ids=models.captioner_ids(), embedding_column=emb_col)
+    stored = write_subset(root, ds, recipe, subset)
+    context.log.info(f"{recipe.name}: {len(subset.image_ids)} of {subset.total} images at Lance version "
+                     f"{subset.version}; dropped {subset.dropped}")
+    fp = curated_fingerprint_of(recipe.recipe_hash(), subset.version)
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(stored.subset_id),
+        metadata={
+            "dagster/row_count": dg.MetadataValue.int(len(subset.image_ids)),
+            "subset_id": stored.subset_id,
+            "subset_uri": dg.MetadataValue.path(stored.uri),
+            "lance_version": subset.version,
+            "lance_tag": stored.tag,
+            "recipe_hash": recipe.recipe_hash(),
+            "dropped_by_rule": dg.MetadataValue.json(subset.dropped),
+            "aspect_buckets": dg.MetadataValue.json(subset.buckets),
+            "caption_columns": dg.MetadataValue.json(subset.caption_columns),
+            **subset_pictures(ds, subset.image_ids, subset.caption_columns[0] if subset.caption_columns else None,
+                              subset.buckets, subset.dropped),
+            "candidates": subset.total,
+            FINGERPRINT_KEY: dg.MetadataValue.text(fp),
+        },
+    )

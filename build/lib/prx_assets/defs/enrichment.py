@@ -1,0 +1,275 @@
+"""recaptions and image_embeddings: per-image model outputs for each ingest batch."""
+
+from collections.abc import Callable
+from typing import Any
+
+import dagster as dg
+
+from prx_assets.core.enrich.caption_quality import assess
+from prx_assets.core.enrich.enrichment import EnrichResult, enrich_batch
+from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
+from prx_assets.core.lab.sql import where_all, where_eq
+from prx_assets.core.lab.table import open_table, table_uri
+from prx_assets.defs.ingest import raw_images
+from prx_assets.defs.partitions import captioner_partitions, raw_batches, recaption_partitions
+from prx_assets.defs.remote import StageResources, register_stage, run_stage
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FINGERPRINTS_KEY,
+    FingerprintContext,
+    digest,
+    latest_data_version,
+    previous_data_version,
+    register_fingerprint,
+)
+from prx_assets.defs.visual_metadata import caption_pictures
+from prx_assets.resources.models import CaptionerResource, EmbedderResource
+from prx_assets.resources.slurm import SlurmResource
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+RECAPTION_CODE_VERSION = "recaption-1"
+EMBEDDING_CODE_VERSION = "embedding-1"
+
+
+def split_recaption_key(key: str | dg.MultiPartitionKey) -> tuple[str, str]:
+    """``(batch, captioner_id)`` of a recaptions partition key (string or MultiPartitionKey)."""
+    mk = key if isinstance(key, dg.MultiPartitionKey) else \
+        recaption_partitions.get_partition_key_from_str(str(key))
+    dims = mk.keys_by_dimension
+    return dims["batch"], dims["captioner"]
+
+
+def _upstream_version(ctx: FingerprintContext, batch: str) -> str:
+    return latest_data_version(ctx.instance, "raw_images", batch)
+
+
+def recaptions_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + captioner id + the upstream batch's data version."""
+    batch, captioner_id = split_recaption_key(partition_key or "")
+    return digest(RECAPTION_CODE_VERSION, captioner_id, _upstream_version(ctx, batch))
+
+
+def embeddings_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + embedder id + the upstream batch's data version."""
+    models = ctx.models
+    embedder_id = models.embedder.embedder_id() if models and models.embedder else ""
+    return digest(EMBEDDING_CODE_VERSION, embedder_id, _upstream_version(ctx, partition_key or ""))
+
+
+register_fingerprint("recaptions", recaptions_fingerprint)
+register_fingerprint("image_embeddings", embeddings_fingerprint)
+
+
+def _data_version(context: dg.AssetExecutionContext, res: EnrichResult) -> dg.DataVersion:
+    if not res.changed:  # nothing written: keep the previous version so nothing looks stale
+        tag = previous_data_version(context)
+        if tag:
+            return dg.DataVersion(tag)
+    return dg.DataVersion(str(res.version if res.version is not None else 0))
+
+
+def _enrich_metadata(res: EnrichResult, uri: str, fingerprint: str) -> dict[str, Any]:
+    return {
+        "dagster/row_count": dg.MetadataValue.int(res.written),
+        "images_in_batch": res.images,
+        "missing_before": res.missing,
+        "computed": res.computed,
+        "reused_same_content": res.reused,
+        "lance_uri": dg.MetadataValue.path(uri),
+        "lance_version": res.version if res.version is not None else -1,
+        "seconds": round(res.seconds, 3),
+        "model_seconds": round(res.compute_seconds, 3),
+        "images_per_second": round(res.computed / res.compute_seconds, 3) if res.compute_seconds else 0.0,
+        FINGERPRINT_KEY: dg.MetadataValue.text(fingerprint),
+    }
+
+
+def recaption_stage(res: StageResources, key: str, log: Callable[[str], None]) -> EnrichResult:
+    """The work of one recaptions partition (in-process or inside a job)."""
+    batch, captioner_id = split_recaption_key(key)
+    spec = res.project.models().captioner(captioner_id)
+    captioner = res.captioner or CaptionerResource()
+
+    def factory() -> Any:
+        loaded = captioner.load(spec)
+        log(f"loaded captioner {captioner_id} ({spec.model}) on {getattr(loaded, 'device', '?')}")
+
+        def compute(images: Any) -> list[dict[str, Any]]:
+            return [{"caption": r.text, "tokens": r.tokens, "seconds": r.seconds,
+                     "hit_max_tokens": r.hit_max_tokens, "model": spec.model}
+                    for r in loaded.caption(images)]
+        return compute
+
+    return enrich_batch(res.storage.root(), batch, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", captioner_id,
+                        ["caption", "tokens", "seconds", "hit_max_tokens", "model"], factory,
+                        chunk=max(1, captioner.effective(spec).batch_size) * 8)
+
+
+def embedding_stage(res: StageResources, key: str, log: Callable[[str], None]) -> EnrichResult:
+    """The work of one image_embeddings partition (in-process or inside a job)."""
+    models = res.project.models()
+    if models.embedder is None:
+        raise ValueError(f"no embedder configured in {models.path}; add embedder: {{model: ...}}")
+    spec = models.embedder
+    embedder = res.embedder or EmbedderResource()
+    root = res.storage.root()
+
+    def factory() -> Any:
+        model = embedder.load(spec)
+        log(f"loaded embedder {spec.embedder_id()} ({spec.model})")
+
+        def compute(images: Any) -> list[dict[str, Any]]:
+            return [{"embedding": v.tolist(), "model": spec.model} for v in model.embed(images)]
+        return compute
+
+    name = embeddings_table(spec.embedder_id())
+    existing = open_table(table_uri(root, name), root.storage_options())
+    dim = existing.schema.field("embedding").type.list_size if existing is not None else \
+        embedder.load(spec).dim
+    return enrich_batch(root, key, name, embeddings_schema(dim), "embedder_id", spec.embedder_id(),
+                        ["embedding", "model"], factory, chunk=max(1, spec.batch_size))
+
+
+register_stage("recaptions", recaption_stage, EnrichResult)
+register_stage("image_embeddings", embedding_stage, EnrichResult)
+
+
+@dg.asset(
+    partitions_def=recaption_partitions,
+    deps=[raw_images],  # each (batch, captioner) partition reads the raw_images batch partition
+    group_name="enrichment",
+    kinds={"pytorch", "lance"},
+    code_version=RECAPTION_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "recaption"},
+)
+def recaptions(context: dg.AssetExecutionContext, storage: StorageResource, project: ProjectConfigResource,
+               captioner: CaptionerResource, slurm: SlurmResource) -> dg.MaterializeResult:
+    """VLM captions of one ingest batch by one captioner (partition ``batch|captioner``).
+
+    Captions are stored per image and captioner id (model + prompt + generation
+    settings) in the Lance ``captions`` table with token count and timing; several
+    captioners coexist. Incremental: only images without a caption from this captioner
+    for their current content are processed; identical images are captioned once. A run
+    with nothing missing loads no model and writes nothing.
+    """
+    _, captioner_id = split_recaption_key(context.partition_key)
+    models = project.models()
+    spec = models.captioner(captioner_id)
+    root = storage.root()
+    res = run_stage(context, slurm, "recaptions", str(context.partition_key),
+                    StageResources(storage=storage, project=project, captioner=captioner))
+    context.log.info(f"{context.partition_key}: {res.summary()}")
+    fp = recaptions_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance,
+                                                   models=models), context.partition_key)
+    md = _enrich_metadata(res, table_uri(root, CAPTIONS_TABLE), fp)
+    md["captioner_id"] = captioner_id
+    md["model"] = spec.model
+    md["prompt"] = dg.MetadataValue.text(spec.prompt)
+    md.update(caption_pictures(root, split_recaption_key(context.partition_key)[0], captioner_id))
+    return dg.MaterializeResult(metadata=md, data_version=_data_version(context, res))
+
+
+@dg.asset_check(asset=recaptions, partitions_def=recaption_partitions, blocking=False)
+def caption_quality(context: dg.AssetCheckExecutionContext, storage: StorageResource,
+                    captioner: CaptionerResource) -> dg.AssetCheckResult:
+    """Flags empty, too short, truncated (hit max tokens) and degenerate (repetition loop)
+    captions of the partition; reports a caption-length histogram and examples. Warns when
+    the flagged share exceeds ``max_flagged_fraction``."""
+    batch, captioner_id = split_recaption_key(context.partition_key)
+    root = storage.root()
+    ds = open_table(table_uri(root, CAPTIONS_TABLE), root.storage_options())
+    rows = [] if ds is None else ds.to_table(
+        columns=["caption", "hit_max_tokens"],
+        filter=where_all(where_eq("batch", batch), where_eq("captioner_id", captioner_id))).to_pylist()
+    rep = assess([(r["caption"], r["hit_max_tokens"]) for r in rows], min_words=captioner.min_words)
+    md = rep.to_metadata()
+    hist = "\n".join(["| words | captions |", "|---|---|"] +
+                     [f"| {k} | {v} |" for k, v in md["length_histogram_words"].items()])
+    examples = "\n".join(f"- **{flag}**: `{ex!r}`" for flag, exs in md["examples"].items() for ex in exs)
+    passed = rep.flagged_fraction <= captioner.max_flagged_fraction
+    return dg.AssetCheckResult(
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=None if passed else (
+            f"{rep.flagged} of {rep.total} captions flagged ({rep.flagged_fraction:.0%}) "
+            f"> {captioner.max_flagged_fraction:.0%}: {dict(md['counts'])}"),
+        metadata={
+            "captions": rep.total,
+            "flagged": rep.flagged,
+            "flagged_fraction": md["flagged_fraction"],
+            "flag_counts": dg.MetadataValue.json(md["counts"]),
+            "mean_words": md["mean_words"],
+            "length_histogram": dg.MetadataValue.md(hist),
+            "examples": dg.MetadataValue.md(examples or "none flagged"),
+        },
+    )
+
+
+# Jobs over several assets (the implicit asset job, `prx-assets run`) mix this policy with the
+# default one on purpose; Dagster then uses one partition per run for such jobs.
+
+#: Partitions per run in a backfill of image_embeddings: the embedder loads once per run
+#: instead of once per partition, and Dagster starts one run process per 8 batches.
+EMBED_PARTITIONS_PER_RUN = 8
+
+
+@dg.asset(
+    partitions_def=raw_batches,
+    deps=[raw_images],
+    group_name="enrichment",
+    kinds={"pytorch", "lance"},
+    code_version=EMBEDDING_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "embed"},
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=EMBED_PARTITIONS_PER_RUN),
+)
+def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource,
+                     project: ProjectConfigResource, embedder: EmbedderResource,
+                     slurm: SlurmResource) -> dg.MaterializeResult:
+    """Image vectors of one ingest batch from the embedder in models.yaml (SigLIP/CLIP).
+
+    L2-normalized float32 vectors per image and embedder id, in the Lance table
+    ``embeddings_<embedder id>``, for vector search and semantic dedup. Incremental, and
+    identical images share one vector. A backfill runs up to ``EMBED_PARTITIONS_PER_RUN``
+    batches per run (the model loads once); such a run records totals, a per-batch table
+    and each batch's fingerprint.
+    """
+    models = project.models()
+    if models.embedder is None:
+        raise dg.Failure(f"no embedder configured in {models.path}; add embedder: {{model: ...}}")
+    spec = models.embedder
+    embedder_id = spec.embedder_id()
+    root = storage.root()
+    name = embeddings_table(embedder_id)
+    keys = list(context.partition_keys)
+    resources = StageResources(storage=storage, project=project, embedder=embedder)
+    results = {pk: run_stage(context, slurm, "image_embeddings", pk, resources) for pk in keys}
+    table = open_table(table_uri(root, name), root.storage_options())
+    dim = table.schema.field("embedding").type.list_size if table is not None else 0
+    fctx = FingerprintContext(root=root, sources=None, instance=context.instance, models=models)
+    if len(keys) == 1:
+        res = results[keys[0]]
+        md = _enrich_metadata(res, table_uri(root, name), embeddings_fingerprint(fctx, keys[0]))
+        version = _data_version(context, res)
+    else:
+        total = EnrichResult(batch=f"{keys[0]}..{keys[-1]}", key=embedder_id)
+        for r in results.values():
+            for f in ("images", "missing", "computed", "reused", "written", "seconds", "compute_seconds"):
+                setattr(total, f, getattr(total, f) + getattr(r, f))
+        total.version = table.version if table is not None else None
+        md = _enrich_metadata(total, table_uri(root, name), "")
+        del md[FINGERPRINT_KEY]
+        md[FINGERPRINTS_KEY] = dg.MetadataValue.json({pk: embeddings_fingerprint(fctx, pk) for pk in keys})
+        md["partitions_in_run"] = len(keys)
+        md["per_batch"] = dg.MetadataValue.md("\n".join(
+            ["| batch | images | computed | reused | Lance version |", "|---|---|---|---|---|"] +
+            [f"| {pk} | {r.images} | {r.computed} | {r.reused} | {r.version} |" for pk, r in results.items()]))
+        version = dg.DataVersion(str(total.version if total.version is not None else 0))
+    md["embedder_id"] = embedder_id
+    md["model"] = spec.model
+    md["dim"] = dim
+    return dg.MaterializeResult(metadata=md, data_version=version)
+
+
+__all__ = ["caption_quality", "captioner_partitions", "image_embeddings", "recaptions"]

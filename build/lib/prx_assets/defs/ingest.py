@@ -1,0 +1,240 @@
+"""raw_images: ingest batches, the JPEG q92 check, and the discovery sensor."""
+
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+
+from prx_assets.core.config.project import SourcesConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import discover, load_manifest, parse_batch_key
+from prx_assets.core.ingest.images import prepare_rgb
+from prx_assets.core.ingest.jpeg_quality import pick_sample, run_experiment
+from prx_assets.core.ingest.pipeline import IngestResult, ingest_batch
+from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.lab.schema import IMAGES_TABLE
+from prx_assets.core.lab.sql import where_eq
+from prx_assets.core.lab.table import open_table, table_uri
+from prx_assets.defs.partitions import missing_partitions, raw_batches
+from prx_assets.defs.remote import StageResources, register_stage, run_stage
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FingerprintContext,
+    digest,
+    previous_data_version,
+    register_fingerprint,
+)
+from prx_assets.defs.visual_metadata import batch_pictures, curve
+from prx_assets.resources.slurm import SlurmResource
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+#: Bump when the normalization code changes what is stored.
+INGEST_CODE_VERSION = "ingest-1"
+
+
+def raw_images_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + the source's normalization config + the batch manifest."""
+    if partition_key is None:
+        return ""
+    source, _ = parse_batch_key(partition_key)
+    manifest = load_manifest(ctx.root, partition_key)
+    if ctx.sources is None:
+        raise ValueError("raw_images fingerprints need the sources config")
+    return digest(INGEST_CODE_VERSION, ctx.sources.get(source).fingerprint(), manifest.content_hash())
+
+
+register_fingerprint("raw_images", raw_images_fingerprint)
+
+
+def _md_table(headers: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |")
+    return "\n".join(lines)
+
+
+def ingest_metadata(result: IngestResult, fingerprint: str) -> dict[str, Any]:
+    """Materialization metadata for one ingested batch."""
+    total = result.rows + result.rejected
+    return {
+        "dagster/row_count": dg.MetadataValue.int(result.rows),
+        "rejected": dg.MetadataValue.int(result.rejected),
+        "rejects_by_reason": dg.MetadataValue.json(result.rejects),
+        "reject_examples": dg.MetadataValue.md(_md_table(
+            ["uri", "reason", "message"],
+            [[e["uri"], e["reason"], e["message"]] for e in result.reject_examples]) if
+            result.reject_examples else "no rejects"),
+        "items_seen": dg.MetadataValue.int(total),
+        "bytes_in": dg.MetadataValue.int(result.bytes_in),
+        "bytes_out_jpeg": dg.MetadataValue.int(result.bytes_out),
+        "jpeg_to_original_ratio": dg.MetadataValue.float(
+            round(result.bytes_out / result.bytes_in, 4) if result.bytes_in else 0.0),
+        "aspect_buckets": dg.MetadataValue.json(result.buckets),
+        "original_formats": dg.MetadataValue.json(result.formats),
+        "lance_uri": dg.MetadataValue.path(result.images_uri),
+        "lance_version": dg.MetadataValue.int(result.images_version),
+        "rejects_uri": dg.MetadataValue.path(result.rejects_uri),
+        "rows_inserted_updated_deleted": dg.MetadataValue.text(
+            f"{result.inserted}/{result.updated}/{result.deleted}"),
+        "seconds": dg.MetadataValue.float(round(result.seconds, 3)),
+        "images_per_second": dg.MetadataValue.float(
+            round(total / result.seconds, 2) if result.seconds else 0.0),
+        FINGERPRINT_KEY: dg.MetadataValue.text(fingerprint),
+    }
+
+
+def ingest_stage(res: StageResources, key: str, log: Callable[[str], None]) -> IngestResult:
+    """The work of one raw_images partition (in-process or inside a job)."""
+    sources = res.project.sources()
+    source_name, _ = parse_batch_key(key)
+    cfg = sources.get(source_name)
+    root = res.storage.root()
+    manifest = load_manifest(root, key)
+    reader = reader_for(cfg, s3_client=(res.s3 or S3Resource()).get_client)
+    log(f"ingesting {key}: {len(manifest.units)} units ({manifest.weight} items) "
+        f"from {cfg.kind} source {cfg.location}")
+    result = ingest_batch(manifest, reader, root, cfg.ingest)
+    log(f"{key}: {result.rows} rows, {result.rejected} rejects {result.rejects}, "
+        f"Lance version {result.images_version}")
+    return result
+
+
+register_stage("raw_images", ingest_stage, IngestResult)
+
+
+@dg.asset(
+    partitions_def=raw_batches,
+    group_name="ingest",
+    kinds={"lance", "python"},
+    code_version=INGEST_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "ingest"},
+)
+def raw_images(context: dg.AssetExecutionContext, storage: StorageResource,
+               project: ProjectConfigResource, s3: S3Resource, slurm: SlurmResource) -> dg.MaterializeResult:
+    """Validated, normalized images of one ingest batch (partition ``<source>-<seq>``).
+
+    Every file of the batch is decoded, EXIF-oriented, converted to RGB (alpha on
+    white), optionally downscaled and re-encoded as JPEG quality 92; width/height,
+    original format and size, sha256, a 64-bit perceptual hash and an aspect bucket are
+    recorded. Rows go into the Lance ``images`` table; files that fail go into the
+    ``rejects`` table with a reason code and never fail the run. Re-materializing
+    replaces the partition's rows in one commit. The data version is the Lance version
+    that last changed this partition.
+    """
+    key = context.partition_key
+    result = run_stage(context, slurm, "raw_images", key, StageResources(storage=storage, project=project, s3=s3))
+    root = storage.root()
+    sources = project.sources()
+    fingerprint = raw_images_fingerprint(FingerprintContext(root=root, sources=sources), key)
+    changed = result.inserted + result.updated + result.deleted > 0
+    version = str(result.images_version)
+    if not changed:
+        version = previous_data_version(context) or version
+    return dg.MaterializeResult(metadata={**ingest_metadata(result, fingerprint),
+                                          **batch_pictures(root, key, result.rejects)},
+                                data_version=dg.DataVersion(version))
+
+
+
+
+@dg.asset_check(asset=raw_images, partitions_def=raw_batches, blocking=True)
+def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageResource,
+                    project: ProjectConfigResource, s3: S3Resource) -> dg.AssetCheckResult:
+    """Re-run the JPEG quality experiment on a sample of the partition.
+
+    Samples the highest- and lowest-resolution images plus random ones, re-reads their
+    originals from the source, and runs ``q92_cycles`` decode/encode cycles at the
+    configured quality, measuring PSNR against the original after each and the size
+    against lossless PNG. Fails when the sample's mean PSNR falls below
+    ``q92_min_psnr_db`` after any cycle.
+    """
+    key = context.partition_key
+    source_name, _ = parse_batch_key(key)
+    cfg = project.sources().get(source_name)
+    s = cfg.ingest
+    root = storage.root()
+    ds = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
+    rows = [] if ds is None else ds.to_table(
+        columns=["image_id", "uri", "width", "height"],
+        filter=where_eq("batch", key)).to_pylist()
+    if not rows:
+        return dg.AssetCheckResult(passed=True, metadata={"sampled": 0, "note": "no images in partition"})
+    reader = reader_for(cfg, s3_client=s3.get_client)
+    images = []
+    for row in pick_sample(rows, s.q92_sample, seed=len(rows)):
+        prepared = prepare_rgb(reader.read_uri(row["uri"]), s)
+        images.append((row["uri"].rsplit("/", 1)[-1], prepared.rgb))
+    report = run_experiment(images, s.jpeg_quality, s.q92_cycles, s.q92_min_psnr_db,
+                            s.jpeg_subsampling)
+    meta = report.to_metadata()
+    curve_rows = [[i + 1, v] for i, v in enumerate(meta["mean_psnr_curve_db"])]
+    return dg.AssetCheckResult(
+        passed=report.passed,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description="; ".join(report.failures) or None,
+        metadata={
+            # Settings are text, not numbers: the UI's Plots tab charts numeric entries over partitions.
+            "quality": dg.MetadataValue.text(str(s.jpeg_quality)),
+            "cycles": dg.MetadataValue.text(str(s.q92_cycles)),
+            "sampled": len(images),
+            "first_cycle_psnr_db": meta["first_cycle_psnr_db"],
+            "max_drop_db": meta["max_drop_db"],
+            "last_cycle_psnr_db": meta["mean_psnr_curve_db"][-1],
+            "jpeg_to_png_size_ratio": meta["jpeg_to_png_size_ratio"],
+            "psnr_curve": dg.MetadataValue.md(_md_table(["cycle", "mean PSNR (dB)"], curve_rows)),
+            "psnr_curve_chart": curve(meta["mean_psnr_curve_db"], f"mean PSNR after each q{s.jpeg_quality} cycle",
+                                      "dB", threshold=s.q92_min_psnr_db),
+            "per_image": dg.MetadataValue.json(meta["images"]),
+            "min_psnr_db_bound": dg.MetadataValue.text(f"{s.q92_min_psnr_db} dB"),
+        },
+    )
+
+
+ingest_job = dg.define_asset_job(
+    "ingest_job", selection=dg.AssetSelection.assets(raw_images),
+    description="Ingest raw_images partitions (with the JPEG q92 check).")
+
+
+def discover_batches(root: DataRoot, sources: SourcesConfig, s3_client: Any = None,
+                     only: str | None = None) -> list[dict[str, Any]]:
+    """Run discovery for every source (or one) and return their summaries with batch lists."""
+    out = []
+    for cfg in sources.sources:
+        if only and cfg.name != only:
+            continue
+        rep = discover(cfg, reader_for(cfg, s3_client=s3_client), root)
+        summary = rep.summary()
+        summary["all_batches"] = rep.all_batches
+        out.append(summary)
+    return out
+
+
+@dg.sensor(job=ingest_job, minimum_interval_seconds=60,
+           default_status=dg.DefaultSensorStatus.STOPPED)
+def raw_batch_sensor(context: dg.SensorEvaluationContext, storage: StorageResource,
+                     project: ProjectConfigResource, s3: S3Resource) -> dg.SensorResult:
+    """Discover new files in every source, add batch partitions, and launch their ingest.
+
+    New files are grouped into new immutable batches (old batches are never touched);
+    each new partition gets one run (run key ``raw_images:<partition>``). Captioners added
+    to models.yaml and recipes added to recipes.yaml are registered as partitions. The cursor records the
+    batch count per source.
+    """
+    reports = discover_batches(storage.root(), project.sources(), s3_client=s3.get_client)
+    fresh = missing_partitions(context.instance, project, (k for r in reports for k in r["all_batches"]))
+    new_keys = fresh.get(raw_batches.name or "", [])
+    requests = [dg.AddDynamicPartitionsRequest(partitions_def_name=name, partition_keys=keys)
+                for name, keys in fresh.items()]
+    cursor = json.dumps({r["source"]: r["batches"] for r in reports}, sort_keys=True)
+    if not new_keys:
+        return dg.SensorResult(skip_reason="no new files in any source", cursor=cursor,
+                               dynamic_partitions_requests=requests)
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(partition_key=k, run_key=f"raw_images:{k}") for k in new_keys],
+        dynamic_partitions_requests=requests,
+        cursor=cursor,
+    )

@@ -1,0 +1,128 @@
+"""lance_table (the lab) and the lance_maintenance job."""
+
+from datetime import timedelta
+
+import dagster as dg
+from pydantic import Field
+
+from prx_assets.core.lab.maintenance import maintain
+from prx_assets.core.lab.schema import IMAGES_TABLE
+from prx_assets.core.lab.sync import PUBLISHED_TAG, sync_lab
+from prx_assets.core.lab.table import table_uri
+from prx_assets.defs.enrichment import image_embeddings, recaptions
+from prx_assets.defs.ingest import raw_images
+from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+LAB_CODE_VERSION = "lab-1"
+
+
+def _latest_storage_id(instance: dg.DagsterInstance, key: str) -> int:
+    res = instance.fetch_materializations(dg.AssetKey(key), limit=1)
+    return res.records[0].storage_id if res.records else 0
+
+
+def lab_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """Code version + configured captioners/embedder + the latest upstream materializations."""
+    models = ctx.models
+    ids = models.captioner_ids() if models else []
+    emb = models.embedder.embedder_id() if models and models.embedder else ""
+    upstream = [_latest_storage_id(ctx.instance, k) for k in ("raw_images", "recaptions", "image_embeddings")] \
+        if ctx.instance is not None else []
+    return digest(LAB_CODE_VERSION, ids, emb, upstream)
+
+
+register_fingerprint("lance_table", lab_fingerprint)
+
+
+class LabConfig(dg.Config):
+    """Run configuration of lance_table."""
+
+    vector_index_min_rows: int = Field(
+        default=10_000, description="Build the IVF_PQ index once this many rows have vectors "
+                                    "(below it, vector search is exact).")
+
+
+@dg.asset(
+    deps=[raw_images, recaptions, image_embeddings],
+    group_name="lab",
+    kinds={"lance"},
+    code_version=LAB_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "lab"},
+)
+def lance_table(context: dg.AssetExecutionContext, config: LabConfig, storage: StorageResource,
+                project: ProjectConfigResource) -> dg.MaterializeResult:
+    """The lab: one row per accepted image, captions and embeddings joined in as columns.
+
+    Each configured captioner becomes a column ``caption__<captioner id>`` and the
+    embedder a column ``emb__<embedder id>``, added and filled with Lance schema
+    evolution (no image data rewritten). Scalar (BTREE, BITMAP), full-text (INVERTED)
+    and vector (IVF_PQ) indexes are created and kept current. The data version is the
+    Lance version produced, tagged ``published``. Query it with ``prx-assets query``.
+    """
+    models = project.models()
+    root = storage.root()
+    embedders = [models.embedder.embedder_id()] if models.embedder else []
+    res = sync_lab(root, captioner_ids=models.captioner_ids(), embedder_ids=embedders,
+                   vector_index_min_rows=config.vector_index_min_rows)
+    context.log.info(f"lab at version {res.version}: {res.rows} rows, {res.fragments} fragments, "
+                     f"added {res.columns_added}, updated {res.rows_updated}, indexes {res.indexes_created}")
+    coverage = "\n".join(
+        ["| index | type | columns | indexed | unindexed |", "|---|---|---|---|---|"] +
+        [f"| {ix['name']} | {ix['type']} | {', '.join(ix['columns'])} | {ix['indexed_rows']} | "
+         f"{ix['unindexed_rows']} |" for ix in res.indexes])
+    fp = lab_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance, models=models),
+                         None)
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(str(res.version)),
+        metadata={
+            "dagster/row_count": dg.MetadataValue.int(res.rows),
+            "lance_uri": dg.MetadataValue.path(table_uri(root, IMAGES_TABLE)),
+            "lance_version": res.version,
+            "tags": dg.MetadataValue.json(res.tags),
+            "published_tag": PUBLISHED_TAG,
+            "fragments": res.fragments,
+            "size_bytes": res.size_bytes,
+            "columns_added": dg.MetadataValue.json(res.columns_added),
+            "rows_updated": dg.MetadataValue.json(res.rows_updated),
+            "indexes_created": dg.MetadataValue.json(res.indexes_created),
+            "index_coverage": dg.MetadataValue.md(coverage),
+            FINGERPRINT_KEY: dg.MetadataValue.text(fp),
+        },
+    )
+
+
+class MaintenanceConfig(dg.Config):
+    """What lance_maintenance keeps."""
+
+    keep_days: float = Field(default=7.0, description="Untagged versions older than this are removed.")
+    target_rows_per_fragment: int = Field(default=1024 * 1024, description="Compaction target.")
+
+
+@dg.op
+def compact_and_clean(context: dg.OpExecutionContext, config: MaintenanceConfig,
+                      storage: StorageResource) -> list[dict]:
+    """Compact small fragments, optimize indexes and clean up old untagged versions of every table."""
+    reports = maintain(storage.root(), config.target_rows_per_fragment, timedelta(days=config.keep_days))
+    rows = [r.to_dict() for r in reports]
+    for r in rows:
+        context.log.info(f"{r['table']}: fragments {r['fragments_before']} -> {r['fragments_after']}, "
+                         f"{r['versions_removed']} versions and {r['bytes_removed']} bytes removed")
+    context.add_output_metadata({
+        "tables": dg.MetadataValue.json(rows),
+        "fragments_removed": sum(r["fragments_removed"] for r in rows),
+        "bytes_removed": sum(r["bytes_removed"] for r in rows),
+    })
+    return rows
+
+
+@dg.job(description="Compact, optimize indexes and clean up old versions of the Lance tables.")
+def lance_maintenance() -> None:
+    """Maintenance job (scheduled nightly; the schedule is off by default)."""
+    compact_and_clean()
+
+
+lance_maintenance_schedule = dg.ScheduleDefinition(
+    job=lance_maintenance, cron_schedule="0 3 * * *", default_status=dg.DefaultScheduleStatus.STOPPED,
+    description="Nightly Lance maintenance (turn on in Automation).")

@@ -1,0 +1,103 @@
+"""Pipeline stages that can run in-process (default) or as SLURM jobs through Pipes.
+
+A stage is a function ``(StageResources, partition_key, log) -> result dataclass``, the whole
+work of one partition of ``raw_images``, ``recaptions`` or ``image_embeddings``. The asset
+calls :func:`run_stage`: in-process it calls the function directly; when the stage is listed
+in ``SlurmResource.stages`` it submits ``python -m prx_assets.stage_job STAGE KEY`` with the
+resources' settings, and the job reports the result back as a Pipes message. Either way the
+asset builds the same metadata and data version from the result, so a partition run on the
+cluster equals the in-process one.
+"""
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+
+from prx_assets.core.config.project import config_dir, data_root
+from prx_assets.core.jobs.render import job_name_for
+from prx_assets.resources.models import CaptionerResource, EmbedderResource
+from prx_assets.resources.slurm import SlurmResource
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+STAGE_MODULE = "prx_assets.stage_job"
+_SECRET = re.compile(r"secret|access_key|session_token|password|token", re.IGNORECASE)
+
+
+@dataclass
+class StageResources:
+    """What a stage needs, in a form that travels to a job as JSON."""
+
+    storage: StorageResource
+    project: ProjectConfigResource
+    s3: S3Resource | None = None
+    captioner: CaptionerResource | None = None
+    embedder: EmbedderResource | None = None
+
+    def to_json(self) -> str:
+        """Settings of each resource (data root and config folder resolved now); no secrets:
+        object-store credentials reach the job through its environment."""
+        def fields(res: Any) -> dict[str, Any] | None:
+            if res is None:
+                return None
+            out = {k: getattr(res, k) for k in type(res).model_fields if not _SECRET.search(k)}
+            return {k: v for k, v in out.items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+
+        return json.dumps({
+            "storage": {"data_root": self.storage.data_root or data_root()},
+            "project": {"config_dir": self.project.config_dir or str(config_dir())},
+            "s3": fields(self.s3),
+            "captioner": fields(self.captioner),
+            "embedder": fields(self.embedder),
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> "StageResources":
+        """Rebuild the resources inside a job."""
+        d = json.loads(text)
+        return cls(storage=StorageResource(**d["storage"]), project=ProjectConfigResource(**d["project"]),
+                   s3=S3Resource(**{k: v for k, v in d["s3"].items() if v is not None})
+                   if d.get("s3") is not None else None,
+                   captioner=CaptionerResource(**d["captioner"]) if d.get("captioner") else None,
+                   embedder=EmbedderResource(**d["embedder"]) if d.get("embedder") else None)
+
+
+StageFn = Callable[[StageResources, str, Callable[[str], None]], Any]
+STAGES: dict[str, tuple[StageFn, type]] = {}
+
+
+def register_stage(name: str, fn: StageFn, result_type: type) -> None:
+    """Make ``fn`` runnable as stage ``name`` (in-process or in a job)."""
+    STAGES[name] = (fn, result_type)
+
+
+def result_from_dict(result_type: type, data: dict[str, Any]) -> Any:
+    """Rebuild a result dataclass from its JSON form (unknown keys are an error)."""
+    names = {f.name for f in dataclasses.fields(result_type)}
+    unknown = set(data) - names
+    if unknown:
+        raise dg.Failure(f"stage job returned unknown fields {sorted(unknown)} for {result_type.__name__}; "
+                         "the job ran a different code version than the Dagster process")
+    return result_type(**data)
+
+
+def run_stage(context: dg.AssetExecutionContext, slurm: SlurmResource, stage: str, partition_key: str,
+              resources: StageResources) -> Any:
+    """Run one partition of ``stage`` in-process or as a job, per ``slurm.stages``."""
+    fn, result_type = STAGES[stage]
+    if stage not in slurm.stages:
+        return fn(resources, partition_key, context.log.info)
+    invocation = slurm.pipes_client().run(
+        context=context, module=STAGE_MODULE, args=[stage, partition_key, "--resources", resources.to_json()],
+        job_name=job_name_for(stage, partition_key), extras={"stage": stage, "partition_key": partition_key})
+    results = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "result" in m]
+    if not results:
+        raise dg.Failure(f"{stage} job for {partition_key!r} ({invocation.metadata.get('job_id')}) finished without "
+                         "reporting a result; see its log")
+    context.log.info(f"{stage} {partition_key} ran as job {invocation.metadata.get('job_id')}")
+    return result_from_dict(result_type, results[-1]["result"])

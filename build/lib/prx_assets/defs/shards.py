@@ -1,0 +1,141 @@
+"""mds_shards: one immutable MDS shard set per recipe, verified by reading it back."""
+
+
+import dagster as dg
+from pydantic import Field
+
+from prx_assets.core import layout
+from prx_assets.core.curate.subsets import read_subset
+from prx_assets.core.lab.sql import open_pinned
+from prx_assets.core.publish.shards import (
+    SHARDS_CODE_VERSION,
+    ShardSettings,
+    read_shard_set_manifest,
+    verify_shard_set,
+    write_shard_set,
+)
+from prx_assets.defs.curation import curated_subsets
+from prx_assets.defs.partitions import recipe_partitions
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FingerprintContext,
+    digest,
+    latest_data_version,
+    previous_data_version,
+    register_fingerprint,
+)
+from prx_assets.defs.visual_metadata import shard_set_pictures
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+
+class ShardConfig(dg.Config):
+    """How shard sets are written."""
+
+    size_limit_mb: int = Field(default=64, description="Shard size limit in MiB.")
+    compression: str | None = Field(default=None, description="MDS compression, e.g. zstd (JPEGs gain little).")
+    hashes: list[str] = Field(default=["xxh64"], description="Hashes recorded per shard and checked on read.")
+    workers: int = Field(default=2, description="Parallel writers (their indexes are merged).")
+    by_bucket: bool = Field(default=False, description="Also one sub-stream (own index.json) per aspect bucket.")
+    precomputed_latents: bool = Field(
+        default=False, description="Also store text latents of every caption column, computed with models.yaml's "
+                                   "text_encoder (latent_{caption_key}_{tower}, attention_mask_...). Off by "
+                                   "default: the trainer encodes captions on the fly.")
+
+
+def shards_fingerprint_of(subset_id: str) -> str:
+    """The one formula: code version + the subset written."""
+    return digest(SHARDS_CODE_VERSION, subset_id)
+
+
+def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """The fingerprint a run now would record: of the recipe's current subset id."""
+    return shards_fingerprint_of(latest_data_version(ctx.instance, "curated_subsets", partition_key))
+
+
+register_fingerprint("mds_shards", shards_fingerprint)
+
+
+def _subset_of(context: dg.AssetExecutionContext) -> str:
+    version = latest_data_version(context.instance, "curated_subsets", context.partition_key)
+    if not version:
+        raise dg.Failure(f"curated_subsets has no materialization for recipe {context.partition_key!r}; "
+                         "materialize it first")
+    return version
+
+
+@dg.asset(
+    partitions_def=recipe_partitions,
+    deps=[curated_subsets],
+    group_name="curation",
+    kinds={"mosaicml", "python"},
+    code_version=SHARDS_CODE_VERSION,
+    owners=["team:data"],
+    tags={"stage": "shards"},
+)
+def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: StorageResource,
+               project: ProjectConfigResource) -> dg.MaterializeResult:
+    """The recipe's current curated subset written as an immutable MosaicML MDS shard set.
+
+    Exact stored q92 JPEG bytes in ``image`` (no re-encode), captions in string columns
+    named by caption key, ``original_width``/``original_height`` and metadata, following
+    PRX's MDS conventions. Written under ``<data root>/mds/<recipe>/<shard set id>/`` and
+    published atomically with a ``manifest.json`` recording recipe, Lance version,
+    captioner ids, code version, sample and shard counts and bytes. The data version is
+    the shard set id. Text latents are not stored unless ``precomputed_latents`` is set.
+    """
+    recipe = project.recipes().get(context.partition_key)
+    root = storage.root()
+    sid = _subset_of(context)
+    subset_manifest, ids = read_subset(root, recipe.name, sid)
+    lab = open_pinned(subset_manifest, root.storage_options())
+    models = project.models()
+    if config.precomputed_latents and models.text_encoder is None:
+        raise dg.Failure(f"precomputed_latents needs a text_encoder in {models.path}; add "
+                         "text_encoder: {model: ...} or turn precomputed_latents off")
+    settings = ShardSettings(size_limit=config.size_limit_mb * 1024 * 1024, compression=config.compression,
+                             hashes=tuple(config.hashes), workers=config.workers, by_bucket=config.by_bucket,
+                             text_tower=models.text_encoder if config.precomputed_latents else None)
+    manifest = write_shard_set(root, lab, recipe, subset_manifest, ids, models.captioner_ids(),
+                               settings, lineage={"dagster_run_id": context.run.run_id})
+    context.log.info(f"{recipe.name}: {manifest.samples} samples in {manifest.shards} shards at {manifest.uri}")
+    version = manifest.shard_set_id
+    if previous_data_version(context) == version:
+        context.log.info("shard set already published; reusing it")
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(version),
+        metadata={
+            "dagster/row_count": dg.MetadataValue.int(manifest.samples),
+            "shard_set_id": version,
+            "uri": dg.MetadataValue.path(manifest.uri),
+            "manifest": dg.MetadataValue.path(layout.manifest_of(manifest.uri)),
+            "shards": manifest.shards,
+            "bytes": manifest.bytes,
+            "lance_version": manifest.lance_version,
+            "subset_id": manifest.subset_id,
+            "captioner_ids": dg.MetadataValue.json(list(manifest.captioner_ids)),
+            "caption_columns": dg.MetadataValue.json(manifest.caption_plan),
+            "columns": dg.MetadataValue.json(manifest.columns),
+            "text_latents": dg.MetadataValue.json(manifest.text_latents or {}),
+            **shard_set_pictures(manifest),
+            FINGERPRINT_KEY: dg.MetadataValue.text(shards_fingerprint_of(sid)),
+        },
+    )
+
+
+@dg.asset_check(asset=mds_shards, partitions_def=recipe_partitions, blocking=True)
+def mds_readback(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+    """Reads the shard set back with StreamingDataset: sample count, per-shard hashes, and a
+    sample of images byte-identical to the pinned Lance version."""
+    set_id = latest_data_version(context.instance, "mds_shards", context.partition_key)
+    if not set_id:
+        return dg.AssetCheckResult(passed=False, description="mds_shards has no materialization")
+    root = storage.root()
+    manifest = read_shard_set_manifest(root, context.partition_key, set_id)
+    lab = open_pinned(manifest, root.storage_options())
+    v = verify_shard_set(manifest, lab)
+    return dg.AssetCheckResult(
+        passed=v.passed,
+        description=None if v.passed else f"{v.samples}/{v.expected} samples, mismatched {v.mismatched[:5]}",
+        metadata={"samples": v.samples, "expected": v.expected, "checked_images": v.checked,
+                  "mismatched": dg.MetadataValue.json(v.mismatched)},
+    )

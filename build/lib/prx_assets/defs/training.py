@@ -1,0 +1,190 @@
+"""training_run: a SLURM (or local) training job per mixture version, and the sensor that launches it."""
+
+import json
+import shlex
+
+import dagster as dg
+from pydantic import Field
+
+from prx_assets.core import layout
+from prx_assets.core.jobs.render import job_name_for
+from prx_assets.defs.mixture import training_mixture
+from prx_assets.defs.partitions import mixture_partitions
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FingerprintContext,
+    digest,
+    latest_data_version,
+    latest_materialization,
+    register_fingerprint,
+)
+from prx_assets.resources.slurm import SlurmResource
+from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+from prx_assets.training.args import DEFAULTS, TrainerArgs
+
+TRAINING_CODE_VERSION = "train-1"
+TRAINER_MODULE = "prx_assets.training.train"
+
+
+class TrainingConfig(dg.Config):
+    """Trainer settings for one run (the model and data come from the mixture and models.yaml)."""
+
+    steps: int = Field(default=DEFAULTS.steps, description="Optimizer steps.")
+    batch_size: int = Field(default=DEFAULTS.batch_size, description="Samples per batch per rank (one aspect bucket per batch).")
+    resolution: int = Field(default=DEFAULTS.resolution, description="Side of a square bucket in pixels (others keep the area).")
+    dim: int = Field(default=DEFAULTS.dim, description="Transformer width.")
+    depth: int = Field(default=DEFAULTS.depth, description="Transformer blocks.")
+    heads: int = Field(default=DEFAULTS.heads, description="Attention heads.")
+    lr: float = Field(default=DEFAULTS.lr, description="AdamW learning rate.")
+    seed: int = Field(default=DEFAULTS.seed, description="Seed (model init, shuffling, caption choice).")
+    workers: int = Field(default=DEFAULTS.workers, description="DataLoader workers per rank.")
+    precomputed_latents: bool = Field(
+        default=False, description="Read text latents from the shards (written by mds_shards with "
+                                   "precomputed_latents) instead of encoding captions on the fly.")
+    checkpoint_every: int = Field(default=DEFAULTS.checkpoint_every, description="Checkpoint every N steps (0: only the final one).")
+    checkpoint_root: str | None = Field(
+        default=None, description="Shared folder for checkpoints (default <data root>/training for a local data "
+                                  "root, else <SLURM shared dir>/checkpoints).")
+
+
+def _latest_mixture(instance: dg.DagsterInstance, mixture: str) -> tuple[str, str]:
+    mat = latest_materialization(instance, training_mixture.key, mixture)
+    if mat is None:
+        raise dg.Failure(f"mixture {mixture!r} has no materialization; materialize training_mixture[{mixture}] first")
+    version = mat.tags["dagster/data_version"]
+    md = mat.metadata.get("spec_uri")
+    return version, str(md.value) if md is not None else ""
+
+
+def training_fingerprint_of(mixture_version: str) -> str:
+    """The one formula: code version + the mixture version trained on (a new version means a new run)."""
+    return digest(TRAINING_CODE_VERSION, mixture_version)
+
+
+def training_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
+    """The fingerprint a run now would record: of the mixture's current data version."""
+    return training_fingerprint_of(latest_data_version(ctx.instance, training_mixture.key, partition_key))
+
+
+register_fingerprint("training_run", training_fingerprint)
+
+
+@dg.asset(
+    partitions_def=mixture_partitions,
+    deps=[training_mixture],
+    group_name="training",
+    kinds={"pytorch", "slurm"},
+    code_version=TRAINING_CODE_VERSION,
+    owners=["team:training"],
+    tags={"stage": "train"},
+)
+def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, storage: StorageResource,
+                 project: ProjectConfigResource, slurm: SlurmResource) -> dg.MaterializeResult:
+    """A training run on the mixture's current version, as a SLURM job (or a local subprocess).
+
+    The job runs the reference trainer (``prx_assets.training.train``): it streams the
+    mixture's shard sets with ``StreamingDataset``, encodes captions on the fly with
+    models.yaml's ``text_encoder`` (or reads precomputed latents), trains a small
+    flow-matching transformer and writes checkpoints. Logs (loss, samples/s) stream into
+    this run through Dagster Pipes; the materialization comes from the job, with data
+    version ``<mixture version>-<checkpoint hash>``. Launched by ``training_sensor`` once per
+    mixture version; terminating the run cancels the job.
+    """
+    mixture = context.partition_key
+    version, spec_uri = _latest_mixture(context.instance, mixture)
+    root = storage.root()
+    if not spec_uri:
+        spec_uri = root.join(layout.mixture_spec(mixture, version))
+    models = project.models()
+    tower = models.text_encoder
+    if tower is None:
+        raise dg.Failure(f"no text_encoder in {models.path}; add text_encoder: {{model: Qwen/Qwen3-VL-2B-Instruct}}")
+    base = config.checkpoint_root or (root.join(layout.TRAINING_DIR) if not root.remote else
+                                      str(slurm.jobs_dir() / "checkpoints"))
+    ckpt_dir = f"{base.rstrip('/')}/{mixture}/{version}/{context.run.run_id[:8]}"
+    args = TrainerArgs(
+        spec=spec_uri, steps=config.steps, batch_size=config.batch_size, resolution=config.resolution,
+        dim=config.dim, depth=config.depth, heads=config.heads, lr=config.lr, seed=config.seed,
+        workers=config.workers, checkpoint_dir=ckpt_dir, checkpoint_every=config.checkpoint_every,
+        text_tower=tower.tower(), max_text_length=tower.max_length, text_layer=tower.layer,
+        precomputed_latents=config.precomputed_latents,
+        text_encoder=None if config.precomputed_latents else tower.model).to_argv()
+    context.log.info(f"trainer: python -m {TRAINER_MODULE} {shlex.join(args)}")
+    invocation = slurm.pipes_client().run(
+        context=context, module=TRAINER_MODULE, args=args, job_name=job_name_for("train", mixture),
+        extras={"mixture": mixture, "mixture_version": version}, training=True)
+    reported = invocation.get_materialize_result()
+    return dg.MaterializeResult(
+        metadata={
+            **(reported.metadata or {}),
+            "job_id": invocation.metadata["job_id"],
+            "job_mode": invocation.metadata["job_mode"],
+            "mixture_version": version,
+            "spec_uri": dg.MetadataValue.path(spec_uri),
+            "checkpoint_dir": dg.MetadataValue.path(ckpt_dir),
+            "text_encoder": tower.model,
+            FINGERPRINT_KEY: dg.MetadataValue.text(training_fingerprint_of(version)),
+        },
+        data_version=reported.data_version,
+    )
+
+
+def _latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
+    recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1, ascending=False).records
+    return recs[0].storage_id if recs else None
+
+
+def _new_versions(instance: dg.DagsterInstance, key: dg.AssetKey,
+                  after: int | None) -> tuple[list[tuple[str, str]], int | None]:
+    """``(partition, data version)`` of materializations after storage id ``after``, and the new cursor."""
+    res = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, after_storage_id=after),
+                                          limit=200, ascending=True)
+    found = [(r.asset_materialization.partition, r.asset_materialization.tags.get("dagster/data_version", ""))
+             for r in res.records if r.asset_materialization is not None and r.asset_materialization.partition]
+    return found, (res.records[-1].storage_id if res.records else after)
+
+
+WATCHED = {"shards": dg.AssetKey("mds_shards"), "mixture": training_mixture.key}
+
+
+@dg.sensor(
+    asset_selection=[training_mixture, training_run],
+    minimum_interval_seconds=15,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="New shard set -> re-resolve the mixtures that use it; new mixture version -> one training run.",
+)
+def training_sensor(context: dg.SensorEvaluationContext, project: ProjectConfigResource) -> dg.SensorResult:
+    """Watches ``mds_shards`` and ``training_mixture`` materializations (cursor = storage ids).
+
+    The first tick only records where history ends: turning the sensor on launches nothing
+    for shard sets and mixtures that already exist.
+
+    - A new shard set of recipe R requests ``training_mixture`` for every mixture with a
+      stream on R (run key ``mixture:<name>:<shard set id>``).
+    - A new ``training_mixture`` materialization requests ``training_run`` for that mixture
+      with run key ``train:<mixture>:<mixture version>``: one mixture version launches exactly
+      one training run, however often the mixture is re-materialized.
+    """
+    if not context.cursor:  # first tick: start from now, never launch training for history
+        start = {name: _latest_storage_id(context.instance, key) for name, key in WATCHED.items()}
+        return dg.SensorResult(cursor=json.dumps(start), skip_reason=dg.SkipReason(
+            f"initialised at storage ids {start}; new shard sets and mixture versions from now on launch runs"))
+    cursor = json.loads(context.cursor)
+    requests: list[dg.RunRequest] = []
+    new_sets, cursor["shards"] = _new_versions(context.instance, WATCHED["shards"], cursor.get("shards"))
+    if new_sets:
+        known = set(context.instance.get_dynamic_partitions(mixture_partitions.name or "mixtures"))
+        mixtures = project.mixtures().values()
+        for recipe, set_id in new_sets:
+            for mixture in sorted(m.name for m in mixtures if any(s.recipe == recipe for s in m.streams)):
+                if mixture in known:
+                    requests.append(dg.RunRequest(run_key=f"mixture:{mixture}:{set_id}", partition_key=mixture,
+                                                  asset_selection=[training_mixture.key],
+                                                  tags={"prx/shard_set": set_id}))
+    new_mixtures, cursor["mixture"] = _new_versions(context.instance, WATCHED["mixture"], cursor.get("mixture"))
+    for mixture, version in new_mixtures:
+        requests.append(dg.RunRequest(run_key=f"train:{mixture}:{version}", partition_key=mixture,
+                                      asset_selection=[training_run.key],
+                                      tags={"prx/mixture_version": version, "prx/stage": "train"}))
+    return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor),
+                           skip_reason=None if requests else dg.SkipReason("no new shard set or mixture version"))

@@ -1,0 +1,67 @@
+"""Captioner and embedder resources: how and where models run.
+
+What a captioner writes (model, prompt, generation settings) lives in ``models.yaml``;
+these resources hold the operational side (device, dtype and batch-size overrides) and
+keep loaded models for the life of the process, so a run over many partitions loads each
+model once.
+"""
+
+import threading
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from prx_assets.core.models.captions import Captioner, CaptionerSpec, load_captioner
+from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
+
+_CACHE: dict[tuple[Any, ...], Any] = {}
+_LOCK = threading.Lock()
+
+
+def _cached(key: tuple[Any, ...], build: Any) -> Any:
+    with _LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = build()
+        return _CACHE[key]
+
+
+class CaptionerResource(dg.ConfigurableResource):
+    """Runs the captioners of models.yaml (Qwen3-VL through transformers, or vLLM)."""
+
+    device: str = Field(default="auto", description="auto (CUDA when available), cpu, cuda, cuda:1 ...")
+    dtype: str | None = Field(default=None, description="Override every captioner's dtype.")
+    batch_size: int | None = Field(default=None, description="Override every captioner's batch size.")
+    backend: str | None = Field(default=None, description="Override the backend: transformers or vllm.")
+    max_flagged_fraction: float = Field(
+        default=0.25, description="caption_quality warns when more captions than this are flagged.")
+    min_words: int = Field(default=5, description="Captions with fewer words are flagged too_short.")
+
+    def effective(self, spec: CaptionerSpec) -> CaptionerSpec:
+        """The spec with this resource's overrides applied (the captioner id is unchanged)."""
+        changes: dict[str, Any] = {}
+        if self.dtype:
+            changes["dtype"] = self.dtype
+        if self.batch_size:
+            changes["batch_size"] = self.batch_size
+        if self.backend:
+            changes["backend"] = self.backend
+        return spec if not changes else type(spec)(**{**spec.__dict__, **changes})
+
+    def load(self, spec: CaptionerSpec) -> Captioner:
+        """The loaded captioner (cached per process)."""
+        eff = self.effective(spec)
+        return _cached(("captioner", eff, self.device), lambda: load_captioner(eff, self.device))
+
+
+class EmbedderResource(dg.ConfigurableResource):
+    """Runs the image embedder of models.yaml (SigLIP / CLIP ``get_image_features``)."""
+
+    device: str = Field(default="auto", description="auto (CUDA when available), cpu, cuda ...")
+    batch_size: int | None = Field(default=None, description="Override the embedder's batch size.")
+
+    def load(self, spec: EmbedderSpec) -> ImageEmbedder:
+        """The loaded embedder (cached per process)."""
+        eff = spec if not self.batch_size else EmbedderSpec(model=spec.model, name=spec.name,
+                                                            batch_size=self.batch_size, dtype=spec.dtype)
+        return _cached(("embedder", eff, self.device), lambda: ImageEmbedder(eff, self.device))

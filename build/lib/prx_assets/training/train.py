@@ -1,0 +1,281 @@
+"""Reference trainer: ``python -m prx_assets.training.train --spec MIXTURE.json ...``.
+
+Runs inside a SLURM job (or locally). It streams the mixture with ``StreamingDataset``,
+decodes JPEGs into aspect-bucketed batches, encodes captions on the fly with a Hugging Face
+text encoder (or reads precomputed latents from the shards with ``--precomputed-latents``),
+and trains a small flow-matching transformer for ``--steps`` steps, with DDP when launched
+on several ranks (``torchrun``) and checkpoints in ``--checkpoint-dir`` (resumed from
+``last.pt`` when present). Rank 0 reports logs, loss and samples/s and the final
+materialization (data version = hash of the final checkpoint) through Dagster Pipes when
+the job was started by Dagster; without Pipes it prints the same to stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prx_assets.core.manifests import MixtureSpec
+from prx_assets.training.args import TrainerArgs
+
+LOSS_WINDOW = 5
+
+
+class _Stdout:
+    """Pipes stand-in when the trainer runs without Dagster."""
+
+    class log:
+        @staticmethod
+        def info(msg: str) -> None:
+            print(msg, flush=True)
+
+        warning = info
+
+    def report_asset_materialization(self, metadata: dict[str, Any], data_version: str | None = None) -> None:
+        print(json.dumps({"materialization": metadata, "data_version": data_version}, default=str), flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> TrainerArgs:
+    """Command-line options (see ``--help``; defined once, in :mod:`prx_assets.training.args`)."""
+    return TrainerArgs.from_argv(argv)
+
+
+def loss_picture(losses: list[float]) -> str:
+    """The loss per step as an inline chart (Markdown), for the materialization's metadata."""
+    from prx_assets.core.visuals import line_chart, md_image
+
+    title = f"flow-matching loss per step ({len(losses)} steps)"
+    try:
+        return md_image(line_chart(losses or [0.0], title, y_label="loss", x_label="steps"), title)
+    except Exception as e:  # a picture must never fail a finished run
+        return f"could not draw the loss curve: {type(e).__name__}: {e}"
+
+
+def read_spec(uri: str) -> MixtureSpec:
+    """The mixture spec from a local path or ``s3://``."""
+    if uri.startswith("s3://"):
+        from prx_assets.core.config.storage import DataRoot
+
+        root, _, name = uri.rpartition("/")
+        return MixtureSpec.from_json(DataRoot(root).read_bytes(name), uri)
+    return MixtureSpec.from_json(Path(uri).read_bytes(), uri)
+
+
+def _pipes(rank: int) -> Any:
+    if rank == 0 and os.environ.get("DAGSTER_PIPES_CONTEXT"):
+        from dagster_pipes import open_dagster_pipes
+
+        return open_dagster_pipes()
+    return contextlib.nullcontext(_Stdout() if rank == 0 else None)
+
+
+def _loader(dataset: Any, workers: int) -> Iterator[dict[str, Any]]:
+    from torch.utils.data import DataLoader
+
+    from prx_assets.training.data import collate_one
+
+    kw: dict[str, Any] = {"batch_size": None, "num_workers": workers, "collate_fn": collate_one}
+    if workers:
+        kw.update(multiprocessing_context="spawn", persistent_workers=True)
+    loader = DataLoader(dataset, **kw)
+    while True:  # epochs until the step budget is spent
+        got = False
+        for sample in loader:
+            got = True
+            yield sample
+        if not got:
+            raise RuntimeError("the mixture yielded no samples; check the spec's shard sets")
+
+
+def train(args: TrainerArgs) -> dict[str, Any]:
+    """Run training; return the final metrics (rank 0) or {} (other ranks)."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec
+    from prx_assets.training.data import bucketed_batches, build_dataset
+    from prx_assets.training.model import FlowTransformer, ModelConfig, flow_matching_loss
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "auto":
+        device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    torch.manual_seed(args.seed)
+    gen = torch.Generator(device=device).manual_seed(args.seed + rank)
+
+    with contextlib.ExitStack() as stack:
+        pipes = stack.enter_context(_pipes(rank))
+        spec = read_spec(args.spec)
+        encoder = None
+        tower = args.text_tower
+        if not args.precomputed_latents:
+            encoder = TextEncoder(TextTowerSpec(model=args.text_encoder, name=args.text_tower,
+                                                max_length=args.max_text_length, layer=args.text_layer),
+                                  device=str(device))
+            tower = encoder.spec.tower()
+        mode = "precomputed" if args.precomputed_latents else "on_the_fly"
+        cache_root = args.cache_root
+        if cache_root is None and any(s.uri.startswith("s3://") for s in spec.streams):
+            cache_root = tempfile.mkdtemp(prefix="prx-train-cache-")  # per run: shard sets never share a cache
+            stack.callback(shutil.rmtree, cache_root, True)
+        dataset = build_dataset(spec, batch_size=args.batch_size, resolution=args.resolution,
+                                multiple=args.patch, seed=args.seed, caption_seed=args.caption_seed,
+                                tower=tower if args.precomputed_latents else None, cache_root=cache_root,
+                                # room for every step plus partly filled buckets, on every rank
+                                min_epoch_size=2 * world * args.batch_size * (args.steps + 32))
+        if pipes:
+            stretched = f"; streamed as one stretched epoch of {len(dataset)} so {args.steps} steps never cross " \
+                "an epoch barrier" if len(dataset) != spec.epoch_size else ""
+            pipes.log.info(f"training on mixture {spec.name} v{spec.mixture_version} ({spec.epoch_size} "
+                           f"samples per epoch in the spec, {len(spec.streams)} streams{stretched}), text latents "
+                           f"{mode} ({tower}), world size {world}, device {device}")
+        model: Any = None
+        opt: Any = None
+        step = 0
+        ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+        resume = ckpt_dir / "last.pt" if ckpt_dir and (ckpt_dir / "last.pt").is_file() else None
+        losses: list[float] = []
+        record: list[list[str]] = []
+        text_s = 0.0
+        timed_samples = 0
+        timed_s = 0.0
+        t_last = time.perf_counter()
+        for batch in bucketed_batches(_loader(dataset, args.workers), args.batch_size):
+            t0 = time.perf_counter()
+            pixels = torch.from_numpy(np.stack([s["pixels"] for s in batch])).to(device)
+            if encoder is not None:
+                te = time.perf_counter()
+                text, mask = encoder.encode([s["caption"] for s in batch])
+                text = text.half().float()  # the precision precomputed latents are stored in
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                text_dt = time.perf_counter() - te
+            else:
+                text = torch.from_numpy(np.stack([s["latent"] for s in batch])).to(device)
+                mask = torch.from_numpy(np.stack([s["mask"] for s in batch])).to(device)
+                text_dt = 0.0
+            if model is None:
+                cfg = ModelConfig(text_dim=int(text.shape[-1]), patch=args.patch, dim=args.dim, depth=args.depth,
+                                  heads=args.heads)
+                torch.manual_seed(args.seed)
+                net = FlowTransformer(cfg).to(device)
+                model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local_rank]
+                                                                  if device.type == "cuda" else None) \
+                    if world > 1 else net
+                opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+                if resume is not None:
+                    state = torch.load(resume, map_location=device)
+                    net.load_state_dict(state["model"])
+                    opt.load_state_dict(state["optimizer"])
+                    step = int(state["step"])
+                    if pipes:
+                        pipes.log.info(f"resumed from {resume} at step {step}")
+                    if step >= args.steps:
+                        break
+            loss = flow_matching_loss(model, pixels, text, mask, generator=gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            step += 1
+            dt = time.perf_counter() - t0
+            losses.append(float(loss.detach()))
+            if args.record_samples:
+                record.extend([s["image_id"], s["caption_key"]] for s in batch)
+            if step > args.warmup_steps:
+                timed_samples += len(batch)
+                timed_s += time.perf_counter() - t_last
+                text_s += text_dt
+            t_last = time.perf_counter()
+            if pipes and (step % args.log_every == 0 or step == args.steps):
+                sps = timed_samples * world / timed_s if timed_s else 0.0
+                pipes.log.info(f"step {step}/{args.steps} loss {losses[-1]:.4f} samples/s {sps:.1f} "
+                               f"(step {dt * 1000:.0f} ms, text {text_dt * 1000:.0f} ms)")
+            if ckpt_dir and rank == 0 and args.checkpoint_every and step % args.checkpoint_every == 0:
+                _save(ckpt_dir, model, opt, step, cfg, keep=f"step_{step:07d}.pt")
+            if step >= args.steps:
+                break
+        if world > 1:
+            dist.barrier()
+        metrics: dict[str, Any] = {}
+        if rank == 0:
+            ckpt = _save(ckpt_dir, model, opt, step, model_cfg(model), keep="final.pt") if ckpt_dir else None
+            digest = hashlib.sha256(Path(ckpt).read_bytes()).hexdigest()[:16] if ckpt else None
+            sps = timed_samples * world / timed_s if timed_s else 0.0
+            metrics = {
+                "mode": mode, "text_tower": tower, "text_encoder": args.text_encoder or "",
+                "steps": step, "world_size": world, "device": str(device), "batch_size_per_rank": args.batch_size,
+                "loss_first": _mean(losses[:LOSS_WINDOW]), "loss_last": _mean(losses[-LOSS_WINDOW:]),
+                "loss_curve": [round(x, 5) for x in losses],
+                "samples_per_second": round(sps, 3),
+                "text_encode_seconds": round(text_s, 4), "timed_seconds": round(timed_s, 4),
+                "text_encode_fraction": round(text_s / timed_s, 4) if timed_s else 0.0,
+                "params": sum(p.numel() for p in model.parameters()) if model is not None else 0,
+                "mixture": spec.name, "mixture_version": spec.mixture_version,
+                "checkpoint": str(ckpt) if ckpt else "", "checkpoint_sha256_16": digest or "",
+            }
+            if args.record_samples:
+                Path(args.record_samples).write_text(json.dumps(record))
+            if args.metrics_json:
+                Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
+            pipes.log.info(f"done: {step} steps, loss {metrics['loss_first']:.4f} -> {metrics['loss_last']:.4f}, "
+                           f"{metrics['samples_per_second']} samples/s, text encoding "
+                           f"{metrics['text_encode_fraction']:.1%} of step time")
+            data_version = f"{spec.mixture_version}-{digest}" if digest else spec.mixture_version
+            pipes.report_asset_materialization(
+                metadata={k: v for k, v in metrics.items() if k != "loss_curve"} |
+                {"loss_curve": {"raw_value": loss_picture(losses), "type": "md"}},
+                data_version=data_version)
+        if world > 1:
+            dist.destroy_process_group()
+        return metrics
+
+
+def model_cfg(model: Any) -> Any:
+    """The ModelConfig of a (possibly DDP-wrapped) model."""
+    return getattr(model, "module", model).cfg
+
+
+def _save(ckpt_dir: Path, model: Any, opt: Any, step: int, cfg: Any, keep: str) -> Path:
+    import torch
+
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    state = {"model": getattr(model, "module", model).state_dict(), "optimizer": opt.state_dict(), "step": step,
+             "config": cfg.to_dict()}
+    tmp = ckpt_dir / f".{keep}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, ckpt_dir / keep)
+    last_tmp = ckpt_dir / ".last.pt.tmp"
+    torch.save(state, last_tmp)
+    os.replace(last_tmp, ckpt_dir / "last.pt")
+    return ckpt_dir / keep
+
+
+def _mean(xs: list[float]) -> float:
+    return round(sum(xs) / len(xs), 5) if xs else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    train(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
