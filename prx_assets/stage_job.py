@@ -13,15 +13,14 @@ from dagster_pipes import open_dagster_pipes
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the stage, report its result dataclass as a Pipes custom message."""
-    import prx_assets.definitions  # noqa: F401 - registers every stage
-    from prx_assets.defs.remote import STAGES, StageResources
+    from prx_assets.defs.remote import STAGE_HOMES, StageResources, load_stage
 
     p = argparse.ArgumentParser(prog="prx_assets.stage_job")
-    p.add_argument("stage", choices=sorted(STAGES))
+    p.add_argument("stage", choices=sorted(STAGE_HOMES))
     p.add_argument("partition_key")
     p.add_argument("--resources", required=True)
     args = p.parse_args(argv)
-    fn, _ = STAGES[args.stage]
+    fn, _ = load_stage(args.stage)
     with open_dagster_pipes() as pipes:
         pipes.log.info(f"running {args.stage} {args.partition_key}")
         result = fn(StageResources.from_json(args.resources), args.partition_key, pipes.log.info)

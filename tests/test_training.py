@@ -257,11 +257,11 @@ def test_failing_job_fails_the_run_with_the_job_error(trained_demo: dict[str, An
 
 
 def _wait_for_job(name_prefix: str, timeout: float = 60) -> str:
-    from prx_assets.resources.slurm import SlurmResource
+    from prx_assets.core.jobs.executors import SlurmExecutor
 
     deadline = time.time() + timeout
     while time.time() < deadline:
-        for j in SlurmResource().queue():
+        for j in SlurmExecutor().queue():
             if j["name"].startswith(name_prefix) and j["state"] == "RUNNING":
                 return j["job_id"]
         time.sleep(0.3)
@@ -269,8 +269,8 @@ def _wait_for_job(name_prefix: str, timeout: float = 60) -> str:
 
 
 def test_cancelled_job_fails_the_run(trained_demo: dict[str, Any]) -> None:
+    from prx_assets.core.jobs.executors import SlurmExecutor
     from prx_assets.definitions import defs
-    from prx_assets.resources.slurm import SlurmResource
 
     job = defs.resolve_implicit_global_asset_job_def()
     box: dict[str, Any] = {}
@@ -284,7 +284,7 @@ def test_cancelled_job_fails_the_run(trained_demo: dict[str, Any]) -> None:
     t = threading.Thread(target=run)
     t.start()
     job_id = _wait_for_job("prx-train-mix")
-    SlurmResource().cancel(job_id)
+    SlurmExecutor().cancel(job_id)
     t.join(timeout=120)
     assert not t.is_alive()
     res = box["res"]
@@ -312,10 +312,10 @@ def test_terminating_the_run_cancels_the_job(trained_demo: dict[str, Any], tmp_p
     finally:
         if proc.poll() is None:
             proc.kill()
-    from prx_assets.resources.slurm import SlurmResource
+    from prx_assets.core.jobs.executors import SlurmExecutor
 
     deadline = time.time() + 30
-    while (state := SlurmResource().status(job_id).state) not in ("CANCELLED", "COMPLETED", "FAILED") \
+    while (state := SlurmExecutor().status(job_id).state) not in ("CANCELLED", "COMPLETED", "FAILED") \
             and time.time() < deadline:
         time.sleep(0.3)
     assert state == "CANCELLED"

@@ -10,6 +10,7 @@ cluster equals the in-process one.
 """
 
 import dataclasses
+import importlib
 import json
 import re
 from collections.abc import Callable
@@ -69,6 +70,18 @@ class StageResources:
 
 StageFn = Callable[[StageResources, str, Callable[[str], None]], Any]
 STAGES: dict[str, tuple[StageFn, type]] = {}
+#: The module that registers each stage: a job imports only that one (not every definition).
+STAGE_HOMES = {"raw_images": "prx_assets.defs.ingest", "recaptions": "prx_assets.defs.enrichment",
+               "image_embeddings": "prx_assets.defs.enrichment"}
+
+
+def load_stage(name: str) -> tuple[StageFn, type]:
+    """The function and result type of stage ``name``, importing its home module if needed."""
+    if name not in STAGES:
+        if name not in STAGE_HOMES:
+            raise dg.Failure(f"unknown stage {name!r}; stages: {', '.join(sorted(STAGE_HOMES))}")
+        importlib.import_module(STAGE_HOMES[name])
+    return STAGES[name]
 
 
 def register_stage(name: str, fn: StageFn, result_type: type) -> None:

@@ -19,16 +19,13 @@ from pydantic import Field
 
 from prx_assets.core import layout
 from prx_assets.core.config.project import data_root
-from prx_assets.core.jobs.executors import Executor, SlurmExecutor, cluster_up, executor_for
-from prx_assets.core.jobs.parse import JobStatus
+from prx_assets.core.jobs.executors import Executor, cluster_up, executor_for
 from prx_assets.core.jobs.render import DEFAULT_TEMPLATE, JobSpec
 from prx_assets.errors import SlurmError
 
 if TYPE_CHECKING:
     from prx_assets.resources.pipes_slurm import PipesSlurmClient
 
-#: Job ids of the local executor start with this.
-LOCAL_PREFIX = "local-"
 # Environment passed to jobs by name when set (never secrets: those reach jobs through the
 # cluster's own environment / --export, not through a script written to disk).
 PASSTHROUGH_ENV = ("PRX_DATA_ROOT", "PRX_CONFIG_DIR", "PRX_CAPTIONER_MODEL", "PRX_EMBEDDER_MODEL",
@@ -97,18 +94,6 @@ class SlurmResource(dg.ConfigurableResource):
     def executor(self, mode: str | None = None) -> Executor:
         """The executor for ``mode`` (default: the effective mode)."""
         return executor_for(mode or self.effective_mode())
-
-    def status(self, job_id: str) -> JobStatus:
-        """A job's state (local jobs are known by their ``local-`` ids)."""
-        return self.executor("local" if job_id.startswith(LOCAL_PREFIX) else "slurm").status(job_id)
-
-    def cancel(self, job_id: str) -> None:
-        """Cancel a job (``scancel``, or SIGTERM to a local job's process group)."""
-        self.executor("local" if job_id.startswith(LOCAL_PREFIX) else "slurm").cancel(job_id)
-
-    def queue(self) -> list[dict[str, str]]:
-        """Jobs SLURM has queued or running (``squeue``): id, name, state."""
-        return SlurmExecutor().queue()
 
     def job_spec(self, *, job_name: str, module: str, args: Sequence[str], script_dir: Path,
                  exports: Mapping[str, str], training: bool) -> JobSpec:

@@ -78,3 +78,13 @@ def test_local_executor_reports_exit_codes_and_cancels(tmp_path: Path) -> None:
     with pytest.raises(SlurmError, match="not one of slurm, local"):
         executor_for("kubernetes")
 
+
+
+def test_every_stage_names_its_home_module() -> None:
+    """A stage job imports only the module that registers its stage; the map must cover every stage."""
+    import prx_assets.definitions  # noqa: F401 - registers every stage
+    from prx_assets.defs.remote import STAGE_HOMES, STAGES
+
+    assert set(STAGES) == set(STAGE_HOMES)
+    for name, (fn, _) in STAGES.items():
+        assert fn.__module__ == STAGE_HOMES[name], name
