@@ -13,8 +13,9 @@ PORT ?= 3000
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -U pip 2>&1 | grep -v "is ignored: it is neither" || true
-	set -o pipefail; $(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | { grep -v "is ignored: it is neither" || true; }
+	@echo "installing into $(VENV) (about 7 GB the first time, mostly PyTorch; log in $(VENV)/pip.log) ..."
+	@$(PY) -m pip install -q --disable-pip-version-check -U pip > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -67,6 +67,10 @@ def ingest_metadata(result: IngestResult, fingerprint: str) -> dict[str, Any]:
             ["uri", "reason", "message"],
             [[e["uri"], e["reason"], e["message"]] for e in result.reject_examples]) if
             result.reject_examples else "no rejects"),
+        "decoder_warnings": dg.MetadataValue.int(result.decoder_warnings),
+        "decoder_warning_examples": dg.MetadataValue.md(_md_table(
+            ["uri", "warnings"], [[e["uri"], e["warnings"]] for e in result.warning_examples]) if
+            result.warning_examples else "no decoder warnings"),
         "items_seen": dg.MetadataValue.int(total),
         "bytes_in": dg.MetadataValue.int(result.bytes_in),
         "bytes_out_jpeg": dg.MetadataValue.int(result.bytes_out),

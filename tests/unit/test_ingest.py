@@ -102,3 +102,35 @@ def test_ingest_onto_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]) -> 
     ds = open_table(res.images_uri, root.storage_options())
     assert ds is not None and ds.count_rows() == 6
     assert root.list("ingest/batches/photos") == ["ingest/batches/photos/00001.json"]
+
+
+def test_decoder_warnings_are_recorded_per_file_not_printed(tmp_path: Path, capsys, recwarn) -> None:
+    """Pillow warns on a corrupt EXIF block; the warning lands in the result with the file, not on stderr."""
+    import struct
+    import warnings
+
+    from prx_assets.core.ingest import decoder_warnings
+
+    folder = tmp_path / "photos"
+    write_folder_corpus(folder, n=3, broken=False)
+    tiff = (b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + struct.pack("<HHII", 0x010F, 2, 100, 200)
+            + struct.pack("<I", 0))
+    buf = io.BytesIO()
+    Image.new("RGB", (96, 96), "red").save(buf, "JPEG", exif=b"Exif\x00\x00" + tiff)
+    (folder / "bad_exif.jpg").write_bytes(buf.getvalue())
+    cfg, root = setup(tmp_path)
+    shown_before = warnings.showwarning
+    res = ingest_batch(load_manifest(root, "photos-00001"), reader_for(cfg), root, cfg.ingest)
+    assert res.rows == 4 and res.decoder_warnings >= 1
+    (example,) = res.warning_examples
+    assert example["uri"].endswith("bad_exif.jpg") and "Skipping tag 271" in example["warnings"]
+    assert "Skipping tag" not in capsys.readouterr().err and not [w for w in recwarn if "tag" in str(w.message)]
+    assert doctest_ok(decoder_warnings)
+    assert warnings.showwarning is shown_before  # routing ends with the batch
+
+
+def doctest_ok(mod: object) -> bool:
+    import doctest
+
+    res = doctest.testmod(mod)  # type: ignore[arg-type]
+    return res.failed == 0 and res.attempted > 0

@@ -21,6 +21,7 @@ import pyarrow as pa
 from prx_assets.core.config.project import IngestSettings
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import BatchManifest
+from prx_assets.core.ingest.decoder_warnings import collect, routed
 from prx_assets.core.ingest.images import ImageRejected, NormalizedImage, RejectReason, normalize
 from prx_assets.core.ingest.sources import SourceItem, SourceReader
 from prx_assets.core.lab.schema import (
@@ -59,6 +60,8 @@ class IngestResult:
     deleted: int = 0
     seconds: float = 0.0
     reject_examples: list[dict[str, str]] = field(default_factory=list)
+    decoder_warnings: int = 0
+    warning_examples: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def rejected(self) -> int:
@@ -79,9 +82,25 @@ class IngestResult:
 Outcome = tuple[dict[str, Any] | None, dict[str, Any] | None]
 
 
+#: Row key carrying a file's decoder warnings from the worker to the writer (not stored as a column).
+WARNINGS_KEY = "_decoder_warnings"
+
+
 def process_item(item: SourceItem, source: str, batch: str, settings: IngestSettings,
                  fingerprint: str) -> Outcome:
-    """Normalize one item into ``(row, None)`` or ``(None, reject_row)``."""
+    """Normalize one item into ``(row, None)`` or ``(None, reject_row)``; decoder warnings ride along
+    under :data:`WARNINGS_KEY` (for a reject, they are also appended to its message)."""
+    with collect() as warns:
+        row, rej = _process_item(item, source, batch, settings, fingerprint)
+    if warns:
+        if rej is not None:
+            rej["message"] = f"{rej['message']} (decoder: {'; '.join(warns[:3])})"
+        (row if row is not None else rej)[WARNINGS_KEY] = warns  # type: ignore[index]
+    return row, rej
+
+
+def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSettings,
+                  fingerprint: str) -> Outcome:
     iid = image_id(source, item.uri)
 
     def reject(reason: str, message: str, size: int = 0) -> Outcome:
@@ -178,6 +197,12 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
         rows: list[dict[str, Any]] = []
         outcomes = ordered_map(fn, iter_items(manifest, reader), settings.effective_workers())
         for done, (row, rej) in enumerate(outcomes, 1):
+            warns = (row or rej or {}).pop(WARNINGS_KEY, None)
+            if warns:
+                result.decoder_warnings += len(warns)
+                if len(result.warning_examples) < 20:
+                    result.warning_examples.append({"uri": (row or rej or {}).get("uri", ""),
+                                                    "warnings": "; ".join(warns[:3])})
             if rej is not None:
                 rejects.append(rej)
                 reasons[rej["reason"]] += 1
@@ -198,8 +223,9 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
             yield pa.RecordBatch.from_pylist(rows, schema=IMAGES_SCHEMA)
 
     opts = root.storage_options()
-    written = replace_partition(result.images_uri, IMAGES_SCHEMA, "batch", batch, batches(),
-                                storage_options=opts, unchanged_if=UNCHANGED_ROW)
+    with routed():
+        written = replace_partition(result.images_uri, IMAGES_SCHEMA, "batch", batch, batches(),
+                                    storage_options=opts, unchanged_if=UNCHANGED_ROW)
     rej_written = replace_partition(
         result.rejects_uri, REJECTS_SCHEMA, "batch", batch,
         [pa.RecordBatch.from_pylist(rejects, schema=REJECTS_SCHEMA)] if rejects else [],
