@@ -154,6 +154,13 @@ class MixtureStream(JsonRecord):
     lance_version: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    #: Where the set lives and which Lance version it came from: lineage, not identity.
+    LINEAGE: ClassVar[tuple[str, ...]] = ("uri", "lance_version")
+
+    def identity(self) -> dict[str, Any]:
+        """What the trainer reads from this stream: the shard set's content id, size and weighting."""
+        return {k: v for k, v in self.to_dict().items() if k not in self.LINEAGE}
+
     def weighting(self) -> str:
         """``proportion 0.7``, ``repeat 2``, ``choose 100`` or ``all samples``."""
         for key in ("proportion", "repeat", "choose"):
@@ -166,7 +173,9 @@ class MixtureStream(JsonRecord):
 class MixtureSpec(JsonRecord):
     """What the trainer streams: shard sets with weights, the epoch size and the expected samples per stream.
 
-    ``mixture_version`` is a hash of everything else, so one version means one training input.
+    ``mixture_version`` hashes what the trainer reads (shard set content ids, weights, epoch,
+    caption plans), not where the sets live: the same inputs on another data root give the
+    same version, and one version means one training run.
     """
 
     name: str
@@ -184,9 +193,11 @@ class MixtureSpec(JsonRecord):
         return dataclasses.replace(base, streams=streams)
 
     def content_version(self) -> str:
-        """The hash of the spec without its version: what ``mixture_version`` must equal."""
-        doc = self.to_dict()
-        doc.pop("mixture_version", None)
+        """The hash of the spec's content (streams' identities, not their locations): what
+        ``mixture_version`` must equal."""
+        doc = {**self.extra, "name": self.name, "epoch_size": self.epoch_size,
+               "expected_samples_per_stream": self.expected_samples_per_stream,
+               "streams": [s.identity() for s in self.streams]}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     def versioned(self) -> MixtureSpec:

@@ -9,26 +9,29 @@ from prx_assets.core.lab.query import open_lab
 from prx_assets.core.lab.sync import PUBLISHED_TAG, embedding_column
 from prx_assets.defs.lab import lance_table
 from prx_assets.defs.partitions import recipe_partitions
-from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FingerprintContext,
+    digest,
+    latest_data_version,
+    register_fingerprint,
+)
 from prx_assets.defs.visual_metadata import subset_pictures
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 CURATION_CODE_VERSION = "curation-1"
 
 
-def curated_fingerprint_of(recipe_hash: str, lance_version: int) -> str:
-    """The one formula: code version + recipe hash + the lab version read."""
-    return digest(CURATION_CODE_VERSION, recipe_hash, lance_version)
+def curated_fingerprint_of(recipe_hash: str, lab_data_version: str) -> str:
+    """The one formula: code version + recipe hash + the lab's data version (its content, not its
+    Lance version: a lab sync that changed nothing keeps its data version)."""
+    return digest(CURATION_CODE_VERSION, recipe_hash, lab_data_version)
 
 
 def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
-    """The fingerprint a run now would record: of the recipe and the published lab version."""
+    """The fingerprint a run now would record: of the recipe and the lab's current data version."""
     recipe = ctx.config().recipes().get(partition_key or "")
-    try:
-        version = open_lab(ctx.root, tag=PUBLISHED_TAG).version
-    except Exception:  # no published lab yet: the partition cannot be up to date
-        version = -1
-    return curated_fingerprint_of(recipe.recipe_hash(), version)
+    return curated_fingerprint_of(recipe.recipe_hash(), latest_data_version(ctx.instance, lance_table.key, None))
 
 
 register_fingerprint("curated_subsets", curated_fingerprint)
@@ -57,8 +60,9 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     Non-destructive: the lab is only read. The recipe's predicate, resolution and bucket
     rules are pushed down to Lance; opt-out lists, caption availability, exact/perceptual/
     embedding dedup and the seeded cap follow, each with a drop count. The version is
-    tagged so cleanup keeps it; re-running against the same version and recipe writes the
-    identical subset. The data version is the subset id ``v<lance version>-<recipe hash>``.
+    tagged so cleanup keeps it. The data version is the subset id, a hash of the subset's
+    content (ids, original hashes, caption texts): a re-cut that selects the same content
+    keeps its id and writes nothing, so nothing downstream runs again.
     """
     recipe = project.recipes().get(context.partition_key)
     models = project.models()
@@ -70,15 +74,20 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     stored = write_subset(root, ds, recipe, subset)
     context.log.info(f"{recipe.name}: {len(subset.image_ids)} of {subset.total} images at Lance version "
                      f"{subset.version}; dropped {subset.dropped}")
-    fp = curated_fingerprint_of(recipe.recipe_hash(), subset.version)
+    lab_version = latest_data_version(context.instance, lance_table.key, None) if config.lance_version is None \
+        else f"lance-v{config.lance_version}"
+    fp = curated_fingerprint_of(recipe.recipe_hash(), lab_version)
+    if stored.reused:
+        context.log.info(f"subset {stored.subset_id} already written (same content): reused as it is")
     return dg.MaterializeResult(
         data_version=dg.DataVersion(stored.subset_id),
         metadata={
             "dagster/row_count": dg.MetadataValue.int(len(subset.image_ids)),
             "subset_id": stored.subset_id,
             "subset_uri": dg.MetadataValue.path(stored.uri),
-            "lance_version": subset.version,
+            "lance_version": stored.manifest.lance_version,
             "lance_tag": stored.tag,
+            "reused": stored.reused,
             "recipe_hash": recipe.recipe_hash(),
             "dropped_by_rule": dg.MetadataValue.json(subset.dropped),
             "aspect_buckets": dg.MetadataValue.json(subset.buckets),

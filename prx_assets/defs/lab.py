@@ -9,30 +9,54 @@ from prx_assets.core.lab.maintenance import maintain
 from prx_assets.core.lab.schema import IMAGES_TABLE
 from prx_assets.core.lab.sync import PUBLISHED_TAG, sync_lab
 from prx_assets.core.lab.table import table_uri
+from prx_assets.core.models.config import ModelsConfig
 from prx_assets.defs.enrichment import image_embeddings, recaptions
 from prx_assets.defs.ingest import raw_images
-from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, digest, register_fingerprint
+from prx_assets.defs.staleness import (
+    FINGERPRINT_KEY,
+    FingerprintContext,
+    data_changed_since,
+    digest,
+    latest_materialization,
+    latest_storage_id,
+    register_fingerprint,
+)
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 LAB_CODE_VERSION = "lab-1"
 
 
-def _latest_storage_id(instance: dg.DagsterInstance, key: str) -> int:
-    res = instance.fetch_materializations(dg.AssetKey(key), limit=1)
-    return res.records[0].storage_id if res.records else 0
+#: The assets the lab reads; its inputs change when one of their partitions gets a new data version.
+LAB_INPUTS = ("raw_images", "recaptions", "image_embeddings")
+#: Metadata key: storage id of each input's latest materialization when the lab last synced.
+CURSOR_KEY = "prx/input_cursor"
+
+
+def lab_fingerprint_of(models: ModelsConfig | None, inputs_changed: bool) -> str:
+    """The one formula: code version + configured captioners/embedder + whether any input's data
+    changed since the last sync (what a sync would see)."""
+    ids = models.captioner_ids() if models else []
+    emb = models.embedder.embedder_id() if models and models.embedder else ""
+    return digest(LAB_CODE_VERSION, ids, emb, "inputs changed" if inputs_changed else "inputs synced")
 
 
 def lab_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
-    """Code version + configured captioners/embedder + the latest upstream materializations."""
-    models = ctx.models
-    ids = models.captioner_ids() if models else []
-    emb = models.embedder.embedder_id() if models and models.embedder else ""
-    upstream = [_latest_storage_id(ctx.instance, k) for k in ("raw_images", "recaptions", "image_embeddings")] \
-        if ctx.instance is not None else []
-    return digest(LAB_CODE_VERSION, ids, emb, upstream)
+    """The fingerprint a run now would record: stale when an input partition got a new data version
+    since the last sync (re-materializing one with the same content is no change)."""
+    mat = latest_materialization(ctx.instance, "lance_table", None)
+    cursor = mat.metadata.get(CURSOR_KEY) if mat is not None else None
+    if ctx.instance is None or cursor is None or not isinstance(cursor.value, dict):
+        return lab_fingerprint_of(ctx.models, inputs_changed=True)
+    changed = any(data_changed_since(ctx.instance, k, int(cursor.value.get(k, 0))) for k in LAB_INPUTS)
+    return lab_fingerprint_of(ctx.models, inputs_changed=changed)
 
 
 register_fingerprint("lance_table", lab_fingerprint)
+
+
+def _md(mat: dg.AssetMaterialization, key: str) -> object:
+    value = mat.metadata.get(key)
+    return value.value if value is not None else None
 
 
 class LabConfig(dg.Config):
@@ -63,6 +87,7 @@ def lance_table(context: dg.AssetExecutionContext, config: LabConfig, storage: S
     """
     models = project.models()
     root = storage.root()
+    cursor = {k: latest_storage_id(context.instance, k) for k in LAB_INPUTS}  # before reading: races count as new
     embedders = [models.embedder.embedder_id()] if models.embedder else []
     res = sync_lab(root, captioner_ids=models.captioner_ids(), embedder_ids=embedders,
                    vector_index_min_rows=config.vector_index_min_rows)
@@ -72,10 +97,14 @@ def lance_table(context: dg.AssetExecutionContext, config: LabConfig, storage: S
         ["| index | type | columns | indexed | unindexed |", "|---|---|---|---|---|"] +
         [f"| {ix['name']} | {ix['type']} | {', '.join(ix['columns'])} | {ix['indexed_rows']} | "
          f"{ix['unindexed_rows']} |" for ix in res.indexes])
-    fp = lab_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance, models=models),
-                         None)
+    previous = latest_materialization(context.instance, "lance_table", None)
+    same_content = previous is not None and not res.columns_added and not any(res.rows_updated.values()) \
+        and res.input_version == _md(previous, "lance_version")
+    version = previous.tags.get("dagster/data_version", "") if same_content and previous else str(res.version)
+    if same_content:
+        context.log.info("the lab's content did not change: data version kept (indexes may have been refreshed)")
     return dg.MaterializeResult(
-        data_version=dg.DataVersion(str(res.version)),
+        data_version=dg.DataVersion(version or str(res.version)),
         metadata={
             "dagster/row_count": dg.MetadataValue.int(res.rows),
             "lance_uri": dg.MetadataValue.path(table_uri(root, IMAGES_TABLE)),
@@ -88,7 +117,8 @@ def lance_table(context: dg.AssetExecutionContext, config: LabConfig, storage: S
             "rows_updated": dg.MetadataValue.json(res.rows_updated),
             "indexes_created": dg.MetadataValue.json(res.indexes_created),
             "index_coverage": dg.MetadataValue.md(coverage),
-            FINGERPRINT_KEY: dg.MetadataValue.text(fp),
+            CURSOR_KEY: dg.MetadataValue.json(cursor),
+            FINGERPRINT_KEY: dg.MetadataValue.text(lab_fingerprint_of(models, inputs_changed=False)),
         },
     )
 

@@ -107,3 +107,38 @@ def previous_data_version(context: dg.AssetExecutionContext) -> str | None:
     if not res.records or res.records[0].asset_materialization is None:
         return None
     return res.records[0].asset_materialization.tags.get("dagster/data_version")
+
+
+def latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey | str) -> int:
+    """Storage id of an asset's latest materialization (any partition); 0 without one."""
+    res = instance.fetch_materializations(dg.AssetKey.from_coercible(key), limit=1)
+    return res.records[0].storage_id if res.records else 0
+
+
+def data_changed_since(instance: dg.DagsterInstance, key: dg.AssetKey | str, cursor: int) -> bool:
+    """Whether a materialization of ``key`` after storage id ``cursor`` carries a data version its
+    partition did not have at ``cursor`` (Dagster's own rule for partitioned inputs).
+
+    Reads only the materializations since ``cursor``, so it costs what changed: re-materializing a
+    partition with unchanged content (same data version) is not a change.
+    """
+    akey = dg.AssetKey.from_coercible(key)
+    known: dict[str | None, str | None] = {}
+    page: str | None = None
+    while True:
+        res = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=akey, after_storage_id=cursor),
+                                              limit=500, cursor=page, ascending=True)
+        for rec in res.records:
+            mat = rec.asset_materialization
+            if mat is None:
+                continue
+            pk = mat.partition
+            if pk not in known:
+                before = instance.get_latest_data_version_record(akey, partition_key=pk, before_cursor=cursor + 1)
+                known[pk] = before.asset_materialization.tags.get("dagster/data_version") \
+                    if before is not None and before.asset_materialization is not None else None
+            if mat.tags.get("dagster/data_version") != known[pk]:
+                return True
+        if not res.has_more:
+            return False
+        page = res.cursor

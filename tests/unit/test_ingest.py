@@ -58,6 +58,9 @@ def test_rematerializing_is_idempotent_and_rewrites_nothing(tmp_path: Path) -> N
     assert (again.inserted, again.updated, again.deleted) == (0, 0, 0)
     files_after = {f.path for f in ds.get_fragments() for f in f.data_files()}
     assert files_after == files_before
+    # Identity follows content: a run that changes nothing commits nothing, in either table.
+    assert again.images_version == first.images_version == ds.version
+    assert again.rejects_version == first.rejects_version == lance.dataset(again.rejects_uri).version
 
 
 def test_changed_settings_update_rows_in_place(tmp_path: Path) -> None:

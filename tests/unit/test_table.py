@@ -20,3 +20,26 @@ def test_existing_table_is_opened_not_recreated(tmp_path: Path) -> None:
     first.insert(pa.table({"a": pa.array([1, 2], pa.int32())}))
     again = open_or_create(str(tmp_path / "t.lance"), SCHEMA)
     assert again.count_rows() == 2 and again.version == first.version
+
+
+def test_replace_partition_commits_only_when_the_partition_changes(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from prx_assets.core.lab.table import replace_partition
+
+    schema = pa.schema([("image_id", pa.string()), ("batch", pa.string()), ("v", pa.int64())])
+    uri = str(tmp_path / "t.lance")
+
+    def rows(*pairs: tuple[str, int], batch: str = "b1") -> list[pa.RecordBatch]:
+        return [pa.RecordBatch.from_pylist([{"image_id": k, "batch": batch, "v": v} for k, v in pairs], schema=schema)]
+
+    first = replace_partition(uri, schema, "batch", "b1", rows(("a", 1), ("b", 2)))
+    replace_partition(uri, schema, "batch", "b2", rows(("c", 3), batch="b2"))
+    same = replace_partition(uri, schema, "batch", "b1", rows(("b", 2), ("a", 1)))  # order does not matter
+    assert (same.inserted, same.updated, same.deleted) == (0, 0, 0) and same.version == first.version + 1
+    changed = replace_partition(uri, schema, "batch", "b1", rows(("a", 1), ("b", 5)))
+    assert changed.version == same.version + 1 and changed.updated == 2  # no unchanged_if: all matched rewritten
+    fewer = replace_partition(uri, schema, "batch", "b1", rows(("a", 1)))
+    assert fewer.deleted == 1 and fewer.version == changed.version + 1
+    empty_again = replace_partition(uri, schema, "batch", "b3", [])
+    assert empty_again.version == fewer.version  # nothing to write and nothing stored: no commit

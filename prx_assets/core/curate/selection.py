@@ -6,11 +6,17 @@ exact dedup (sha256), perceptual dedup (pHash Hamming distance), embedding dedup
 similarity), then the optional seeded cap. Duplicates keep the preferred image: most
 pixels first, then the smallest image id, so the same recipe on the same version always
 gives the same ids.
+
+A subset's identity is its content (:func:`content_hash`): the selected ids with the sha256
+of their originals and the caption texts of the caption columns it publishes. Re-cutting
+from another Lance version that holds the same content gives the same id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import lance
@@ -37,6 +43,7 @@ class Subset:
     dropped: dict[str, int] = field(default_factory=dict)
     buckets: dict[str, int] = field(default_factory=dict)
     total: int = 0
+    content_hash: str = ""
 
 
 def resolve_caption_columns(ds: lance.LanceDataset, names: Sequence[str], known_ids: Sequence[str],
@@ -127,6 +134,22 @@ def near_duplicates_embedding(vectors: np.ndarray, threshold: float) -> list[boo
     return keep
 
 
+def content_hash(caption_columns: Sequence[str],
+                 items: Iterable[tuple[str, str, Sequence[str | None]]]) -> str:
+    """Identity of a subset's content: its caption columns, then ``(image id, sha256, captions)``
+    per selected image in id order (streamed: memory does not grow with the subset).
+
+    >>> content_hash(["caption__a"], [("i1", "ab", ["a cat"])]) == content_hash(["caption__a"], [("i1", "ab", ["a cat"])])
+    True
+    >>> content_hash(["caption__a"], [("i1", "ab", ["a cat"])]) == content_hash(["caption__a"], [("i1", "ab", ["a dog"])])
+    False
+    """
+    h = hashlib.sha256(json.dumps(list(caption_columns)).encode())
+    for image_id, sha, captions in items:
+        h.update(b"\n" + json.dumps([image_id, sha, list(captions)]).encode())
+    return h.hexdigest()[:20]
+
+
 def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence[str] = (),
            embedding_column: str | None = None) -> Subset:
     """Run ``recipe`` on the lab version ``ds`` (see module docs)."""
@@ -181,6 +204,10 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         out.dropped["cap"] = len(ids) - len(chosen)
         ids = chosen
     out.image_ids = ids
+    by_row = {r["image_id"]: r for r in rows}
+    out.content_hash = content_hash(out.caption_columns,
+                                    ((i, by_row[i]["sha256"], [by_row[i][c] for c in out.caption_columns])
+                                     for i in ids))
     by_id = {r["image_id"]: r["aspect_bucket"] for r in rows}
     buckets: dict[str, int] = {}
     for i in ids:

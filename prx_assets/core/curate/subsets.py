@@ -2,9 +2,11 @@
 
 A subset lives at ``<data root>/curated/<recipe>/<subset id>/`` with ``ids.parquet`` (the
 selected image ids) and ``subset.json`` (recipe, recipe hash, Lance URI and version, drop
-counts, buckets). The subset id is ``v<lance version>-<recipe hash>``: the same recipe on
-the same version always lands at the same place with the same content. The Lance version
-is tagged ``subset-<recipe>-v<version>`` so maintenance never removes it.
+counts, buckets). The subset id is the hash of its content (ids, original hashes, caption
+texts; see :func:`prx_assets.core.curate.selection.content_hash`): a re-cut that selects the
+same content lands at the same place and is not rewritten, whatever Lance version it was
+read from. The Lance version (lineage, not identity) is tagged ``subset-<recipe>-v<version>``
+so maintenance never removes it.
 """
 
 from __future__ import annotations
@@ -32,16 +34,27 @@ class StoredSubset:
     uri: str
     tag: str
     manifest: SubsetManifest
+    reused: bool = False
 
 
-def subset_id(version: int, recipe: Recipe) -> str:
-    """``v<version>-<recipe hash>``."""
-    return f"v{version}-{recipe.recipe_hash()}"
+def subset_id(subset: Subset) -> str:
+    """The id of a subset: the hash of its content (not of the Lance version it was read from)."""
+    if not subset.content_hash:
+        raise ValueError(f"subset of recipe {subset.recipe!r} has no content hash; cut it with select()")
+    return subset.content_hash
 
 
 def write_subset(root: DataRoot, ds: lance.LanceDataset, recipe: Recipe, subset: Subset) -> StoredSubset:
-    """Write ids and manifest (ids first, manifest last: a manifest means a complete subset) and tag."""
-    sid = subset_id(subset.version, recipe)
+    """Write ids and manifest (ids first, manifest last: a manifest means a complete subset) and tag.
+
+    A subset with this content already written is reused as it is (same id, same pinned
+    Lance version, nothing rewritten): ``StoredSubset.reused`` says so.
+    """
+    sid = subset_id(subset)
+    if root.exists(layout.subset_manifest(recipe.name, sid)):
+        manifest = read_subset_manifest(root, recipe.name, sid)
+        return StoredSubset(subset_id=sid, uri=root.join(layout.subset_dir(recipe.name, sid)),
+                            tag=manifest.lance_tag or "", manifest=manifest, reused=True)
     buf = io.BytesIO()
     pq.write_table(pa.table({"image_id": pa.array(subset.image_ids, pa.string())}), buf)
     root.write_bytes(layout.subset_ids(recipe.name, sid), buf.getvalue())

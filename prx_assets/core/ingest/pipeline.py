@@ -36,7 +36,8 @@ from prx_assets.core.lab.table import replace_partition, table_uri
 log = logging.getLogger(__name__)
 
 # An existing row is kept untouched when the original and the settings are the same.
-UNCHANGED_ROW = "target.sha256 = source.sha256 AND target.ingest_config = source.ingest_config"
+UNCHANGED_COLUMNS = ("sha256", "ingest_config")
+UNCHANGED_ROW = " AND ".join(f"target.{c} = source.{c}" for c in UNCHANGED_COLUMNS)
 
 
 @dataclass
@@ -225,7 +226,8 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
     opts = root.storage_options()
     with routed():
         written = replace_partition(result.images_uri, IMAGES_SCHEMA, "batch", batch, batches(),
-                                    storage_options=opts, unchanged_if=UNCHANGED_ROW)
+                                    storage_options=opts, unchanged_if=UNCHANGED_ROW,
+                                    compare=UNCHANGED_COLUMNS)
     rej_written = replace_partition(
         result.rejects_uri, REJECTS_SCHEMA, "batch", batch,
         [pa.RecordBatch.from_pylist(rejects, schema=REJECTS_SCHEMA)] if rejects else [],

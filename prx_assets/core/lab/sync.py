@@ -67,6 +67,7 @@ class LabSync:
     """What one sync did and what the table looks like afterwards."""
 
     version: int = 0
+    input_version: int = 0  # the images table's version when the sync started
     rows: int = 0
     fragments: int = 0
     size_bytes: int = 0
@@ -196,6 +197,7 @@ def sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None = None,
     out = LabSync()
     if images is None:
         return out
+    out.input_version = images.version
     captions = open_table(table_uri(root, CAPTIONS_TABLE), opts)
     if captions is not None:
         ids = list(captioner_ids) if captioner_ids is not None else sorted(set(

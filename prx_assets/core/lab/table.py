@@ -3,14 +3,17 @@
 ``replace_partition`` is a single Lance ``merge_insert`` commit keyed by ``image_id``:
 new rows are inserted, rows whose content changed are updated, and rows of the same
 partition that are no longer produced are deleted. Re-running a partition therefore
-never duplicates rows, readers never see a half-replaced partition, and unchanged rows
-(same original hash and normalization settings) are not rewritten.
+never duplicates rows, readers never see a half-replaced partition, unchanged rows
+(same original hash and normalization settings) are not rewritten, and a run that changes
+nothing commits nothing (no new Lance version: identity follows content).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import lance
@@ -91,27 +94,66 @@ class WriteResult:
 
 def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partition_value: str,
                       batches: Iterable[pa.RecordBatch], storage_options: dict[str, str] | None = None,
-                      key: str = "image_id", unchanged_if: str | None = None) -> WriteResult:
+                      key: str = "image_id", unchanged_if: str | None = None,
+                      compare: Sequence[str] | None = None) -> WriteResult:
     """Make the rows with ``partition_column == partition_value`` equal ``batches``.
 
     Parameters
     ----------
     batches:
-        The partition's new rows, streamed (memory stays bounded).
+        The partition's new rows, streamed (memory stays bounded: they are spooled to a
+        local temporary Arrow file, not held).
     unchanged_if:
         SQL condition over ``target.`` and ``source.`` columns under which an existing
         row is kept as is; ``None`` rewrites every matched row.
+    compare:
+        Columns that decide whether a row changed (the ones ``unchanged_if`` compares; all
+        columns when ``None``). When the partition already holds exactly these keys with
+        these values, nothing is committed: no new Lance version, and the result reports
+        the current version with zero inserted, updated and deleted rows.
     """
     ds = open_or_create(uri, schema, storage_options)
-    builder = ds.merge_insert(key)
-    builder = builder.when_matched_update_all(f"NOT ({unchanged_if})" if unchanged_if else None)
-    builder = builder.when_not_matched_insert_all()
-    builder = builder.when_not_matched_by_source_delete(where_eq(partition_column, partition_value))
-    reader = pa.RecordBatchReader.from_batches(schema, _conform(batches, schema))
-    stats = builder.execute(reader)
+    cols = list(compare) if compare is not None else [f.name for f in schema]
+    with tempfile.TemporaryDirectory(prefix="prx-partition-") as tmp:
+        spool = os.path.join(tmp, "rows.arrow")
+        new_keys: dict[str, tuple] = {}
+        with pa.OSFile(spool, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for b in _conform(batches, schema):
+                writer.write_batch(b)
+                part = b.select([key, *cols]).to_pydict()
+                for i, k in enumerate(part[key]):
+                    new_keys[k] = tuple(part[c][i] for c in cols)
+        if _partition_equals(ds, partition_column, partition_value, key, cols, new_keys):
+            return WriteResult(version=ds.version, inserted=0, updated=0, deleted=0)
+        builder = ds.merge_insert(key)
+        builder = builder.when_matched_update_all(f"NOT ({unchanged_if})" if unchanged_if else None)
+        builder = builder.when_not_matched_insert_all()
+        builder = builder.when_not_matched_by_source_delete(where_eq(partition_column, partition_value))
+        with pa.memory_map(spool) as source:
+            reader = pa.ipc.open_file(source)
+            stream = pa.RecordBatchReader.from_batches(
+                schema, (reader.get_batch(i) for i in range(reader.num_record_batches)))
+            stats = builder.execute(stream)
     return WriteResult(version=ds.version, inserted=int(stats.get("num_inserted_rows", 0)),
                        updated=int(stats.get("num_updated_rows", 0)),
                        deleted=int(stats.get("num_deleted_rows", 0)))
+
+
+def _partition_equals(ds: lance.LanceDataset, partition_column: str, partition_value: str, key: str,
+                      cols: Sequence[str], new: dict[str, tuple]) -> bool:
+    """Whether the stored partition holds exactly the keys of ``new`` with the same ``cols`` values."""
+    if ds.count_rows() == 0:
+        return not new
+    seen = 0
+    scanner = ds.scanner(columns=list(dict.fromkeys([key, *cols])), filter=where_eq(partition_column, partition_value),
+                         batch_size=4096)
+    for b in scanner.to_batches():
+        part = b.to_pydict()
+        for i, k in enumerate(part[key]):
+            if new.get(k) != tuple(part[c][i] for c in cols):
+                return False
+            seen += 1
+    return seen == len(new)
 
 
 def _conform(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:

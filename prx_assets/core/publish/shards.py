@@ -157,9 +157,13 @@ def mds_columns(plan: dict[str, Any], encoder: TextEncoder | None = None) -> dic
     return cols
 
 
-def shard_set_id(subset_id: str, settings: ShardSettings) -> str:
-    """Identity of a shard set: its subset and its write settings."""
-    return f"{subset_id}-s{settings.key()}"
+def shard_set_id(subset_id: str, settings: ShardSettings, plan: dict[str, Any]) -> str:
+    """Identity of a shard set: what it holds (the subset's content id and the caption plan that
+    picks the published captions) and how it is written (settings that change the files)."""
+    import hashlib
+
+    plan_key = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:6]
+    return f"{subset_id}-s{settings.key()}{plan_key}"
 
 
 def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, subset_manifest: SubsetManifest,
@@ -172,11 +176,11 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
         raise ShardError(f"recipe {recipe.name!r} selected no images at Lance version "
                          f"{subset_manifest.lance_version}; loosen the recipe (see curated_subsets' "
                          "dropped_by_rule) before writing shards")
-    set_id = shard_set_id(subset_manifest.subset_id, settings)
+    plan = caption_plan(recipe, subset_manifest.caption_columns, captioner_ids)
+    set_id = shard_set_id(subset_manifest.subset_id, settings, plan)
     rel = layout.shard_set_dir(recipe.name, set_id)
     if root.exists(layout.shard_set_manifest(recipe.name, set_id)):
         return read_shard_set_manifest(root, recipe.name, set_id)
-    plan = caption_plan(recipe, subset_manifest.caption_columns, captioner_ids)
     encoder = TextEncoder(settings.text_tower, device="auto") if settings.text_tower is not None else None
     if encoder is not None and not plan["columns"]:
         raise ShardError(f"recipe {recipe.name!r} has no caption columns to precompute latents for; set captions: "
