@@ -37,7 +37,7 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     out = capsys.readouterr().out
     n = int(out.split(" partitions to materialize")[0].split()[-1])
     assert f"[{n}/{n}] " in out and "FAILED" not in out
-    ran = [line.split()[1] for line in out.splitlines() if line.startswith("[")]
+    ran = [line.split()[1].rstrip(":") for line in out.splitlines() if line.startswith("[")]
     # 3 sources, one batch each at this size; 2 captioners; one embedder.
     assert ran.count("raw_images") == 3 and ran.count("recaptions") == 6
     assert ran.count("image_embeddings") == 3
@@ -58,7 +58,7 @@ def test_run_materializes_everything_then_nothing_then_only_stale(
     out = capsys.readouterr().out
     ran = [line for line in out.splitlines() if line.startswith("[")]
     # The webshards partitions and, in the same run, everything downstream of them.
-    assert [line.split()[1] for line in ran] == ["raw_images", "image_embeddings", "recaptions",
+    assert [line.split()[1].rstrip(":") for line in ran] == ["raw_images", "image_embeddings", "recaptions",
                                                  "recaptions", "lance_table", "curated_subsets",
                                                  "curated_subsets", "mds_shards", "mds_shards",
                                                  "training_mixture", "training_run"]

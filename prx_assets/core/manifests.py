@@ -129,9 +129,19 @@ class ShardSetManifest(JsonRecord):
     text_latents: dict[str, Any] | None = None
     bucket_streams: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    #: Physical MDS streams, in order: {"uri", "samples", "role": "base" | "delta", "written_by"}.
+    streams: tuple[dict[str, Any], ...] = ()
+    skip_uri: str | None = None  # skip.parquet: (stream, index, image_id) never yielded
+    skipped: int = 0
+    layout: str = "full"  # "full": written whole; "delta": previous streams + one delta + skip list
+    bytes_written: int = 0  # bytes this publication wrote (a delta writes only its new samples)
     extra: dict[str, Any] = field(default_factory=dict)  # lineage such as dagster_run_id
 
-    _tuples: ClassVar[tuple[str, ...]] = ("captioner_ids",)
+    _tuples: ClassVar[tuple[str, ...]] = ("captioner_ids", "streams")
+
+    def physical_streams(self) -> list[dict[str, Any]]:
+        """The MDS streams to read (one, at ``uri``, for sets written before streams were listed)."""
+        return list(self.streams) or [{"uri": self.uri, "samples": self.samples, "role": "base"}]
 
     @property
     def validate_hash(self) -> str | None:

@@ -5,8 +5,10 @@ import dagster as dg
 from pydantic import Field
 
 from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.subsets import read_subset
 from prx_assets.core.lab.sql import open_pinned
+from prx_assets.core.manifests import ManifestError, ShardSetManifest
 from prx_assets.core.publish.shards import (
     SHARDS_CODE_VERSION,
     ShardSettings,
@@ -36,6 +38,10 @@ class ShardConfig(dg.Config):
     hashes: list[str] = Field(default=["xxh64"], description="Hashes recorded per shard and checked on read.")
     workers: int = Field(default=2, description="Parallel writers (their indexes are merged).")
     by_bucket: bool = Field(default=False, description="Also one sub-stream (own index.json) per aspect bucket.")
+    compact_above: float = Field(
+        default=0.2, description="A changed subset is published as a delta (new samples in one more stream, removed "
+                                 "ones in a skip list) until deltas plus skipped samples pass this share of the "
+                                 "set; then the set is written whole. 0 always writes whole.")
     precomputed_latents: bool = Field(
         default=False, description="Also store text latents of every caption column, computed with models.yaml's "
                                    "text_encoder (latent_{caption_key}_{tower}, attention_mask_...). Off by "
@@ -61,6 +67,18 @@ def _subset_of(context: dg.AssetExecutionContext) -> str:
         raise dg.Failure(f"curated_subsets has no materialization for recipe {context.partition_key!r}; "
                          "materialize it first")
     return version
+
+
+def _published(context: dg.AssetExecutionContext, root: DataRoot) -> ShardSetManifest | None:
+    """The recipe's currently published set (the base of a delta), if it is still readable."""
+    set_id = latest_data_version(context.instance, "mds_shards", context.partition_key)
+    if not set_id:
+        return None
+    try:
+        return read_shard_set_manifest(root, context.partition_key, set_id)
+    except (FileNotFoundError, OSError, ManifestError) as e:
+        context.log.warning(f"published shard set {set_id} cannot be read ({e}); writing the new set whole")
+        return None
 
 
 @dg.asset(
@@ -95,8 +113,10 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     settings = ShardSettings(size_limit=config.size_limit_mb * 1024 * 1024, compression=config.compression,
                              hashes=tuple(config.hashes), workers=config.workers, by_bucket=config.by_bucket,
                              text_tower=models.text_encoder if config.precomputed_latents else None)
+    previous = _published(context, root)
     manifest = write_shard_set(root, lab, recipe, subset_manifest, ids, models.captioner_ids(),
-                               settings, lineage={"dagster_run_id": context.run.run_id})
+                               settings, lineage={"dagster_run_id": context.run.run_id}, previous=previous,
+                               compact_above=config.compact_above)
     context.log.info(f"{recipe.name}: {manifest.samples} samples in {manifest.shards} shards at {manifest.uri}")
     version = manifest.shard_set_id
     if previous_data_version(context) == version:
@@ -116,6 +136,12 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
             "caption_columns": dg.MetadataValue.json(manifest.caption_plan),
             "columns": dg.MetadataValue.json(manifest.columns),
             "text_latents": dg.MetadataValue.json(manifest.text_latents or {}),
+            "layout": manifest.layout,
+            "bytes_written": manifest.bytes_written,
+            "skipped": manifest.skipped,
+            "streams": dg.MetadataValue.json([{"uri": s["uri"], "samples": s["samples"], "role": s["role"]}
+                                              for s in manifest.physical_streams()]),
+            "previous_shard_set_id": str(manifest.extra.get("previous_shard_set_id", "")),
             **shard_set_pictures(manifest),
             FINGERPRINT_KEY: dg.MetadataValue.text(shards_fingerprint_of(sid)),
         },

@@ -148,13 +148,14 @@ def shard_set_pictures(manifest: ShardSetManifest) -> dict[str, dg.MetadataValue
     import shutil
     import tempfile
 
-    from prx_assets.core.publish.shards import open_stream
+    from prx_assets.core.publish.shards import open_shard_set
 
-    cache = tempfile.mkdtemp(prefix="prx-mds-sheet-") if manifest.uri.startswith("s3://") else None
+    cache = tempfile.mkdtemp(prefix="prx-mds-sheet-") if "://" in manifest.uri else None
     try:
-        sds = open_stream(manifest.uri, cache=cache)
-        n = len(sds)
-        picks = list(range(0, n, max(1, n // SHEET_SIZE)))[:SHEET_SIZE]
+        sds = open_shard_set(manifest, cache=cache)
+        n = sds.live_samples
+        step = max(1, int(sds.num_samples) // SHEET_SIZE)
+        picks = [i for i in range(0, int(sds.num_samples), step) if i not in sds.skipped_ids][:SHEET_SIZE]
         caption_key = next(iter(manifest.caption_plan.get("columns") or {}), "")
         rows = []
         for i in picks:

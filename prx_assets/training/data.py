@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from streaming import StreamingDataset
 
 from prx_assets.core.manifests import MixtureSpec
 from prx_assets.core.models.text_encoder import latent_column, mask_column
+from prx_assets.loader import PrxStreamingDataset
 
 
 def bucket_size(bucket: str, resolution: int, multiple: int) -> tuple[int, int]:
@@ -75,8 +75,8 @@ class SampleOptions:
     tower: str | None = None  # precomputed mode: read latents of this text tower
 
 
-class MixtureDataset(StreamingDataset):
-    """``StreamingDataset`` whose samples are decoded, bucket-sized and captioned."""
+class MixtureDataset(PrxStreamingDataset):
+    """A mixture's samples (skip lists honoured), decoded, bucket-sized and captioned."""
 
     def __init__(self, *, options: SampleOptions, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -130,16 +130,13 @@ def build_dataset(spec: MixtureSpec, *, batch_size: int, resolution: int, multip
     """
     from streaming.base.util import clean_stale_shared_memory
 
-    from prx_assets.core.publish.mixture import streaming_kwargs
-
     if os.environ.get("AWS_ENDPOINT_URL"):
         os.environ.setdefault("S3_ENDPOINT_URL", os.environ["AWS_ENDPOINT_URL"])
     clean_stale_shared_memory()
     options = SampleOptions(resolution=resolution, multiple=multiple, caption_plans=caption_plans(spec),
                             caption_seed=caption_seed, tower=tower)
-    kwargs = streaming_kwargs(spec, cache_root)
-    kwargs["epoch_size"] = max(int(kwargs["epoch_size"]), min_epoch_size)
-    return MixtureDataset(options=options, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed, **kwargs)
+    return MixtureDataset(options=options, spec=spec, cache_root=cache_root, batch_size=batch_size, shuffle=shuffle,
+                          shuffle_seed=seed, epoch_size=max(int(spec.epoch_size), min_epoch_size))
 
 
 def bucketed_batches(samples: Iterator[dict[str, Any]], batch_size: int) -> Iterator[list[dict[str, Any]]]:

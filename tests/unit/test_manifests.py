@@ -31,7 +31,9 @@ def test_shard_set_round_trip_keeps_unknown_keys() -> None:
     m = ShardSetManifest.from_json(json.dumps(SHARD_SET))
     assert m.captioner_ids == ("short-1",) and m.extra == {"dagster_run_id": "abc"}
     assert m.validate_hash == "xxh64"
-    assert json.loads(m.to_json()) == SHARD_SET  # the file readers outside see is unchanged
+    doc = json.loads(m.to_json())
+    assert {k: doc[k] for k in SHARD_SET} == SHARD_SET  # every key readers outside see is kept as it was
+    assert m.physical_streams() == [{"uri": m.uri, "samples": 10, "role": "base"}]  # written before streams
     with pytest.raises(AttributeError):
         m.samples = 3  # type: ignore[misc]
 

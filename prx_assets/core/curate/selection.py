@@ -136,8 +136,10 @@ def near_duplicates_embedding(vectors: np.ndarray, threshold: float) -> list[boo
 
 def content_hash(caption_columns: Sequence[str],
                  items: Iterable[tuple[str, str, Sequence[str | None]]]) -> str:
-    """Identity of a subset's content: its caption columns, then ``(image id, sha256, captions)``
-    per selected image in id order (streamed: memory does not grow with the subset).
+    """Identity of a subset's content: its caption columns, then ``(image id, content, captions)``
+    per selected image in id order, where content names the original and its normalization
+    (``sha256:ingest_config``: a re-encode at another quality is new content). Streamed:
+    memory does not grow with the subset.
 
     >>> content_hash(["caption__a"], [("i1", "ab", ["a cat"])]) == content_hash(["caption__a"], [("i1", "ab", ["a cat"])])
     True
@@ -163,7 +165,8 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         n = _count(ds, clauses, recipe.name)
         out.dropped[rule] = remaining - n
         remaining = n
-    cols = ["image_id", "uri", "sha256", "phash", "width", "height", "aspect_bucket", *out.caption_columns]
+    cols = ["image_id", "uri", "sha256", "ingest_config", "phash", "width", "height", "aspect_bucket",
+            *out.caption_columns]
     threshold = recipe.dedup.embedding_threshold
     if threshold is not None:
         if embedding_column is None or embedding_column not in ds.schema.names:
@@ -206,8 +209,8 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     out.image_ids = ids
     by_row = {r["image_id"]: r for r in rows}
     out.content_hash = content_hash(out.caption_columns,
-                                    ((i, by_row[i]["sha256"], [by_row[i][c] for c in out.caption_columns])
-                                     for i in ids))
+                                    ((i, f"{by_row[i]['sha256']}:{by_row[i]['ingest_config']}",
+                                      [by_row[i][c] for c in out.caption_columns]) for i in ids))
     by_id = {r["image_id"]: r["aspect_bucket"] for r in rows}
     buckets: dict[str, int] = {}
     for i in ids:

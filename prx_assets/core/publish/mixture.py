@@ -109,13 +109,12 @@ def resolve(mixture: Mixture, shard_set: Callable[[str], ShardSetManifest]) -> M
 
 
 def streaming_kwargs(spec: MixtureSpec, cache_root: str | None = None) -> dict[str, Any]:
-    """``StreamingDataset`` keyword arguments (streams + epoch size) for a resolved spec."""
-    from streaming import Stream
+    """``StreamingDataset`` keyword arguments (physical streams + epoch size) for a resolved spec.
 
-    streams = []
-    for i, s in enumerate(spec.streams):
-        remote = s.uri if s.uri.startswith("s3://") else None
-        local = s.uri if remote is None else os.path.join(cache_root or "/tmp/prx-mds-cache", f"{i}")
-        kw = {k: getattr(s, k) for k in ("proportion", "repeat", "choose") if getattr(s, k) is not None}
-        streams.append(Stream(remote=remote, local=local, **kw))
-    return {"streams": streams, "epoch_size": spec.epoch_size}
+    Sets published as deltas carry skip lists that a plain ``StreamingDataset`` cannot apply:
+    read specs with :class:`prx_assets.loader.PrxStreamingDataset` (``spec=``), which does.
+    """
+    from prx_assets.loader import resolve as resolve_streams
+
+    resolved = resolve_streams(spec=spec, cache_root=cache_root)
+    return {"streams": resolved.streams, "epoch_size": spec.epoch_size}

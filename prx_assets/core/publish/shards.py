@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import lance
+import pyarrow as pa
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot, split_s3
@@ -44,6 +45,20 @@ from prx_assets.core.lab.sql import rows_by_ids, where_eq
 from prx_assets.core.lab.sync import caption_column
 from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
 from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
+from prx_assets.core.publish.incremental import (
+    COMPACT_ABOVE,
+    SAMPLES_FILE,
+    SAMPLES_SCHEMA,
+    SKIP_FILE,
+    Delta,
+    digest_columns,
+    parquet_bytes,
+    plan_delta,
+    published_captions,
+    sample_digest,
+    sample_map,
+    uri_join,
+)
 from prx_assets.errors import PrxError
 
 SHARDS_CODE_VERSION = "shards-1"
@@ -96,11 +111,13 @@ def caption_plan(recipe: Recipe, caption_columns: Sequence[str], captioner_ids: 
 
 
 def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: dict[str, str],
-                plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None = None) -> int:
+                plan: dict[str, Any], settings: ShardSettings,
+                encoder: TextEncoder | None = None) -> list[tuple[str, str]]:
+    """Write ``ids`` as one MDS part; return ``(image_id, digest)`` per sample in write order."""
     from streaming import MDSWriter
 
-    lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *(c for cs in plan["columns"].values() for c in cs)]))
-    written = 0
+    lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *digest_columns(plan)]))
+    written: list[tuple[str, str]] = []
     with MDSWriter(out=out, columns=columns, compression=settings.compression,
                    hashes=list(settings.hashes) or None, size_limit=settings.size_limit) as writer:
         for chunk, rows in rows_by_ids(lab, ids, lab_cols):
@@ -110,9 +127,10 @@ def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: 
                 if r is None:
                     raise ShardError(f"image {image_id!r} is in the subset but not in Lance version {lab.version}")
                 sample = {k: r[v] for k, v in MDS_FROM_LAB.items()}
-                for mds_col, sources in plan["columns"].items():
-                    sample[mds_col] = next((r[c] for c in sources if r[c]), "")
+                captions = published_captions(r, plan)
+                sample.update(captions)
                 samples.append(sample)
+                written.append((image_id, sample_digest(r["sha256"], r["ingest_config"], captions)))
             if encoder is not None:
                 tower = encoder.spec.tower()
                 for mds_col in plan["columns"]:
@@ -124,8 +142,21 @@ def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: 
                             s[mask_column(mds_col, tower)] = ma
             for sample in samples:
                 writer.write(sample)
-                written += 1
     return written
+
+
+def subset_digests(lab: lance.LanceDataset, ids: Sequence[str], plan: dict[str, Any]) -> pa.Table:
+    """``image_id`` and content ``digest`` of every subset sample, as the writer would publish it."""
+    out_ids: list[str] = []
+    digests: list[str] = []
+    for chunk, rows in rows_by_ids(lab, ids, digest_columns(plan)):
+        for image_id in chunk:
+            r = rows.get(image_id)
+            if r is None:
+                raise ShardError(f"image {image_id!r} is in the subset but not in Lance version {lab.version}")
+            out_ids.append(image_id)
+            digests.append(sample_digest(r["sha256"], r["ingest_config"], published_captions(r, plan)))
+    return pa.table({"image_id": out_ids, "digest": digests}, schema=SAMPLES_SCHEMA)
 
 
 def merge_part_indexes(root: Path, parts: Sequence[Path]) -> None:
@@ -168,10 +199,15 @@ def shard_set_id(subset_id: str, settings: ShardSettings, plan: dict[str, Any]) 
 
 def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, subset_manifest: SubsetManifest,
                     ids: Sequence[str], captioner_ids: Sequence[str], settings: ShardSettings,
-                    lineage: dict[str, Any] | None = None) -> ShardSetManifest:
-    """Write and publish the shard set of a subset; return its manifest (reused if already published)."""
-    from streaming.base.util import merge_index
+                    lineage: dict[str, Any] | None = None, previous: ShardSetManifest | None = None,
+                    compact_above: float = COMPACT_ABOVE) -> ShardSetManifest:
+    """Write and publish the shard set of a subset; return its manifest (reused if already published).
 
+    With ``previous`` (the recipe's currently published set), a subset that differs by a small
+    share is published as a delta: the previous streams stay as they are, the new samples go
+    into one delta stream and removed ones into the skip list (see
+    :mod:`prx_assets.core.publish.incremental`); past ``compact_above`` it is written whole.
+    """
     if not ids:
         raise ShardError(f"recipe {recipe.name!r} selected no images at Lance version "
                          f"{subset_manifest.lance_version}; loosen the recipe (see curated_subsets' "
@@ -186,37 +222,31 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
         raise ShardError(f"recipe {recipe.name!r} has no caption columns to precompute latents for; set captions: "
                          "or caption_mix: in the recipe, or turn precomputed_latents off")
     columns = mds_columns(plan, encoder)
+    written_settings = {"size_limit": settings.size_limit, "compression": settings.compression,
+                        "hashes": list(settings.hashes), "by_bucket": settings.by_bucket}
+    compatible = previous is not None and not settings.by_bucket and previous.columns == columns \
+        and previous.caption_plan == plan and \
+        {k: previous.settings.get(k) for k in written_settings} == written_settings
+    delta = plan_delta(root, previous, subset_digests(lab, ids, plan), compatible=compatible,
+                       compact_above=compact_above) if compatible else None
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
         Path(root.join(layout.shard_set_staging(recipe.name, set_id, uuid.uuid4().hex[:8])))
     try:
         staging.parent.mkdir(parents=True, exist_ok=True)
-        groups: dict[str, list[str]] = {"": list(ids)}
-        if settings.by_bucket:  # one sub-stream (folder with its own index.json) per aspect bucket
-            groups = {}
-            for _, rows in rows_by_ids(lab, ids, ["aspect_bucket"], chunk=1000):
-                for r in rows.values():
-                    groups.setdefault(bucket_dir(r["aspect_bucket"]), []).append(r["image_id"])
-            groups = {k: sorted(v) for k, v in sorted(groups.items())}
-        jobs = []
-        for sub, sub_ids in groups.items():
-            workers = max(1, min(settings.workers, len(sub_ids) // 256 or 1))
-            for i in range(workers):
-                jobs.append((sub, sub_ids[i::workers], len(jobs)))
-        with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
-            counts = list(pool.map(lambda j: _write_part(
-                lab, j[1], str(staging / j[0] / f"part-{j[2]:05d}"), columns, plan, settings, encoder), jobs))
-        streams = {}
-        for sub in groups:
-            if sub:
-                merge_index(str(staging / sub), keep_local=True)
-                streams[sub] = {"path": sub, "samples": len(groups[sub])}
-        if streams:  # the whole set as one stream too: an index over every part of every bucket
-            merge_part_indexes(staging, sorted(staging.glob("*/part-*")))
+        if delta is None:
+            streams, bucket_streams, writers = _write_whole(staging, lab, ids, columns, plan, settings, encoder,
+                                                             uri=root.join(rel), set_id=set_id)
+            skip_uri, skipped, shards_total = None, 0, len(json.loads((staging / layout.MDS_INDEX).read_text())["shards"])
         else:
-            merge_index(str(staging), keep_local=True)
-        index = json.loads((staging / "index.json").read_text())
+            streams, bucket_streams, writers = _write_delta(staging, lab, delta, columns, plan, settings, encoder,
+                                                            uri=root.join(rel), set_id=set_id)
+            (staging / SKIP_FILE).write_bytes(parquet_bytes(delta.skip))
+            skip_uri, skipped = root.join(rel, SKIP_FILE), delta.skip.num_rows
+            shards_total = delta.previous.shards + (len(json.loads((staging / "delta" / layout.MDS_INDEX)
+                                                                   .read_text())["shards"]) if delta.added else 0)
         files = sorted(p for p in staging.rglob("*") if p.is_file())
+        written_bytes = sum(p.stat().st_size for p in files)
         manifest = ShardSetManifest(
             shard_set_id=set_id, recipe=recipe.name, recipe_hash=recipe.recipe_hash(),
             subset_id=subset_manifest.subset_id, lance_uri=subset_manifest.lance_uri,
@@ -224,18 +254,21 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             captioner_ids=tuple(c for c in captioner_ids if any(caption_column(c) in cs
                                                                 for cs in plan["columns"].values())),
             caption_plan=plan, columns=columns, code_version=SHARDS_CODE_VERSION,
-            samples=sum(counts), shards=len(index["shards"]),
-            bytes=sum(p.stat().st_size for p in files if p.name.endswith(".mds") or ".mds." in p.name),
-            settings={"size_limit": settings.size_limit, "compression": settings.compression,
-                      "hashes": list(settings.hashes), "parallel_writers": len(jobs),
-                      "by_bucket": settings.by_bucket},
+            samples=len(ids), shards=shards_total,
+            bytes=(delta.previous.bytes if delta else 0) + sum(
+                p.stat().st_size for p in files if p.name.endswith(".mds") or ".mds." in p.name),
+            settings={**written_settings, "parallel_writers": writers},
             text_latents=None if encoder is None else {
                 "tower": encoder.spec.tower(), "model": encoder.spec.model, "identity": encoder.spec.identity(),
                 "max_length": encoder.spec.max_length, "layer": encoder.spec.layer, "dim": encoder.dim,
                 "columns": {c: [latent_column(c, encoder.spec.tower()), mask_column(c, encoder.spec.tower())]
                             for c in plan["columns"]}},
-            bucket_streams=streams, uri=root.join(rel), seconds=round(time.perf_counter() - started, 3),
-            extra=dict(lineage or {}),
+            bucket_streams=bucket_streams, uri=root.join(rel), seconds=round(time.perf_counter() - started, 3),
+            streams=tuple(streams), skip_uri=skip_uri, skipped=skipped,
+            layout="full" if delta is None else "delta", bytes_written=written_bytes,
+            extra={**dict(lineage or {}), **({"previous_shard_set_id": delta.previous.shard_set_id,
+                                              "added": len(delta.added), "removed": delta.removed}
+                                             if delta else {})},
         )
         (staging / layout.SHARD_SET_MANIFEST).write_bytes(manifest.to_json())
         _publish(root, staging, rel)
@@ -243,6 +276,61 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_whole(staging: Path, lab: lance.LanceDataset, ids: Sequence[str], columns: dict[str, str],
+                 plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None, *, uri: str,
+                 set_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+    """The whole subset as one stream (plus per-bucket sub-streams when asked); its sample map."""
+    from streaming.base.util import merge_index
+
+    groups: dict[str, list[str]] = {"": list(ids)}
+    if settings.by_bucket:  # one sub-stream (folder with its own index.json) per aspect bucket
+        groups = {}
+        for _, rows in rows_by_ids(lab, ids, ["aspect_bucket"], chunk=1000):
+            for r in rows.values():
+                groups.setdefault(bucket_dir(r["aspect_bucket"]), []).append(r["image_id"])
+        groups = {k: sorted(v) for k, v in sorted(groups.items())}
+    jobs = []
+    for sub, sub_ids in groups.items():
+        workers = max(1, min(settings.workers, len(sub_ids) // 256 or 1))
+        for i in range(workers):
+            folder = f"{sub}/part-{len(jobs):05d}" if sub else f"part-{len(jobs):05d}"
+            jobs.append((folder, sub_ids[i::workers]))
+    with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
+        written = list(pool.map(lambda j: _write_part(lab, j[1], str(staging / j[0]), columns, plan, settings,
+                                                      encoder), jobs))
+    bucket_streams = {}
+    for sub in groups:
+        if sub:
+            merge_index(str(staging / sub), keep_local=True)
+            bucket_streams[sub] = {"path": sub, "samples": len(groups[sub])}
+    if bucket_streams:  # the whole set as one stream too: an index over every part of every bucket
+        merge_part_indexes(staging, sorted(staging.glob("*/part-*")))
+    else:
+        merge_index(str(staging), keep_local=True)
+    index = json.loads((staging / layout.MDS_INDEX).read_text())
+    samples = sample_map(index, [(folder, rows) for (folder, _), rows in zip(jobs, written, strict=True)])
+    (staging / SAMPLES_FILE).write_bytes(parquet_bytes(samples))
+    return [{"uri": uri, "samples": samples.num_rows, "role": "base", "written_by": set_id}], bucket_streams, len(jobs)
+
+
+def _write_delta(staging: Path, lab: lance.LanceDataset, delta: Delta, columns: dict[str, str],
+                 plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None, *, uri: str,
+                 set_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+    """The previous set's streams as they are, plus one delta stream with the added samples."""
+    from streaming.base.util import merge_index
+
+    streams = [dict(s) for s in delta.previous.streams]
+    if delta.added:
+        folder = staging / "delta"
+        rows = _write_part(lab, delta.added, str(folder / "part-00000"), columns, plan, settings, encoder)
+        merge_index(str(folder), keep_local=True)
+        samples = sample_map(json.loads((folder / layout.MDS_INDEX).read_text()), [("part-00000", rows)])
+        (folder / SAMPLES_FILE).write_bytes(parquet_bytes(samples))
+        streams.append({"uri": uri_join(uri, "delta"), "samples": samples.num_rows, "role": "delta",
+                        "written_by": set_id})
+    return streams, {}, 1 if delta.added else 0
 
 
 def read_shard_set_manifest(root: DataRoot, recipe: str, set_id: str) -> ShardSetManifest:
@@ -261,26 +349,46 @@ def _publish(root: DataRoot, staging: Path, rel: str) -> None:
             if not (final / layout.SHARD_SET_MANIFEST).is_file():
                 raise
         return
-    files = sorted(p for p in staging.rglob("*") if p.is_file())
-    last = [staging / layout.MDS_INDEX, staging / layout.SHARD_SET_MANIFEST]
-    for p in [f for f in files if f not in last] + last:
+    # Object stores have no rename: shards and sidecars first, then every index.json (a stream is
+    # readable once its index is), then manifest.json (the set is published once it is).
+    def order(p: Path) -> tuple[int, str]:
+        return (2 if p.name == layout.SHARD_SET_MANIFEST and p.parent == staging else
+                1 if p.name == layout.MDS_INDEX else 0, p.as_posix())
+
+    for p in sorted((p for p in staging.rglob("*") if p.is_file()), key=order):
         root.write_bytes(f"{rel}/{p.relative_to(staging).as_posix()}", p.read_bytes())
 
 
+def _streaming_endpoint() -> None:
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:  # mosaicml-streaming reads its endpoint from S3_ENDPOINT_URL
+        os.environ.setdefault("S3_ENDPOINT_URL", endpoint)
+
+
 def open_stream(uri: str, cache: str | None = None, **kwargs: Any) -> Any:
-    """A ``StreamingDataset`` over a published shard set (local folder or ``s3://``)."""
+    """A plain ``StreamingDataset`` over one MDS folder (a stream with its own ``index.json``, such as
+    a set written whole or a bucket sub-stream). Published sets: use :func:`open_shard_set`."""
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
     if uri.startswith("s3://"):
         split_s3(uri)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:  # mosaicml-streaming reads its endpoint from S3_ENDPOINT_URL
-            os.environ.setdefault("S3_ENDPOINT_URL", endpoint)
+        _streaming_endpoint()
         local = cache or tempfile.mkdtemp(prefix="prx-mds-cache-")
         return StreamingDataset(remote=uri, local=local, **kwargs)
     return StreamingDataset(local=uri, **kwargs)
+
+
+def open_shard_set(manifest: ShardSetManifest | str, cache: str | None = None, **kwargs: Any) -> Any:
+    """A :class:`prx_assets.loader.PrxStreamingDataset` over a published set: every stream, skips honoured."""
+    from streaming.base.util import clean_stale_shared_memory
+
+    from prx_assets.loader import PrxStreamingDataset
+
+    clean_stale_shared_memory()
+    _streaming_endpoint()
+    return PrxStreamingDataset(shard_sets=[manifest], cache_root=cache, **kwargs)
 
 
 @dataclass
@@ -304,9 +412,15 @@ def verify_shard_set(manifest: ShardSetManifest, lab: lance.LanceDataset, sample
     the set has them) and a sample of images byte-identical to the lab version."""
     import numpy as np
 
-    sds = open_stream(manifest.uri, cache=cache, validate_hash=manifest.validate_hash)
-    n = len(sds)
-    picks = np.random.default_rng(seed).permutation(n)[: min(sample, n)] if n else []
+    sds = open_shard_set(manifest, cache=cache, validate_hash=manifest.validate_hash)
+    n = sds.live_samples
+    rng = np.random.default_rng(seed)
+    picks: list[int] = []
+    for i in rng.permutation(int(sds.num_samples)):  # a sample of live indices, without listing them all
+        if int(i) not in sds.skipped_ids:
+            picks.append(int(i))
+        if len(picks) >= min(sample, n):
+            break
     mismatched = []
     for i in picks:
         s = sds[int(i)]

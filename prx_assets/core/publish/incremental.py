@@ -1,0 +1,149 @@
+"""Incremental shard sets: a changed subset is published as a delta, not a rewrite.
+
+A published shard set is a list of physical MDS streams plus a skip list:
+
+- every stream folder holds ``samples.parquet``: the ``image_id`` and content ``digest`` of each
+  sample, in the stream's sample-index order (written with the stream, never changed);
+- a set whose subset differs a little from the previously published one reuses the previous
+  set's streams as they are (no file is touched), adds one *delta* stream with the new samples,
+  and lists the removed ones in ``skip.parquet`` (``stream``, ``index``, ``image_id``), which
+  :class:`prx_assets.loader.PrxStreamingDataset` honours, so a removed sample is never yielded;
+- a sample whose content changed (new original, new normalization, new published caption) is
+  a removal plus an addition;
+- when the delta and skipped share of the live samples passes ``compact_above`` (or the layout
+  or settings differ), the set is written fresh and whole: that is the compaction rule.
+
+Diffs run in Arrow (anti-joins on ``image_id`` + ``digest``), not over Python object lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.manifests import ShardSetManifest
+
+SAMPLES_FILE = "samples.parquet"
+SKIP_FILE = "skip.parquet"
+SAMPLES_SCHEMA = pa.schema([("image_id", pa.string()), ("digest", pa.string())])
+SKIP_SCHEMA = pa.schema([("stream", pa.int32()), ("index", pa.int64()), ("image_id", pa.string())])
+#: Default compaction rule: rewrite whole once deltas plus skipped samples pass this share of the set.
+COMPACT_ABOVE = 0.2
+
+
+def published_captions(row: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, str]:
+    """The caption text each MDS caption column gets for a lab row (first non-empty source)."""
+    return {mds_col: next((row[c] for c in sources if row[c]), "") for mds_col, sources in plan["columns"].items()}
+
+
+def sample_digest(sha256: str, ingest_config: str, captions: Mapping[str, str]) -> str:
+    """What a consumer reads from a sample, hashed: the original, how it was normalized, its captions.
+
+    >>> sample_digest("ab", "q92", {"caption": "a cat"}) != sample_digest("ab", "q92", {"caption": "a dog"})
+    True
+    """
+    return hashlib.sha256(json.dumps([sha256, ingest_config, sorted(captions.items())]).encode()).hexdigest()[:16]
+
+
+def digest_columns(plan: Mapping[str, Any]) -> list[str]:
+    """Lab columns a sample digest needs."""
+    return list(dict.fromkeys(["sha256", "ingest_config", *(c for cs in plan["columns"].values() for c in cs)]))
+
+
+def uri_join(base: str, name: str) -> str:
+    """``base/name`` for a local folder or an object-store URI."""
+    return f"{base.rstrip('/')}/{name}"
+
+
+def read_table_at(uri: str, root: DataRoot) -> pa.Table:
+    """A Parquet file by absolute path or URI (local or object store, with ``root``'s credentials)."""
+    base, _, name = uri.rpartition("/")
+    return pq.read_table(io.BytesIO(DataRoot(base or "/", root.settings).read_bytes(name)))
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """A table as Parquet bytes."""
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What changes from the previous set: samples to add (ids) and the cumulative skip list."""
+
+    previous: ShardSetManifest
+    added: list[str]
+    skip: pa.Table  # stream, index, image_id: every sample of the previous streams not to yield
+    removed: int  # newly skipped by this change
+
+    @property
+    def live_from_previous(self) -> int:
+        """Samples of the previous streams still yielded."""
+        return sum(int(s["samples"]) for s in self.previous.streams) - self.skip.num_rows
+
+
+def live_samples(root: DataRoot, manifest: ShardSetManifest) -> pa.Table | None:
+    """``image_id``, ``digest``, ``stream``, ``index`` of every sample the set yields; ``None`` for sets
+    written before sample maps existed (they can only be replaced whole)."""
+    parts = []
+    for i, s in enumerate(manifest.streams):
+        try:
+            t = read_table_at(uri_join(s["uri"], SAMPLES_FILE), root)
+        except (FileNotFoundError, OSError):
+            return None
+        parts.append(t.append_column("stream", pa.array([i] * t.num_rows, pa.int32()))
+                     .append_column("index", pa.array(range(t.num_rows), pa.int64())))
+    if not parts:
+        return None
+    table = pa.concat_tables(parts)
+    if manifest.skip_uri:
+        skip = read_table_at(manifest.skip_uri, root).select(["stream", "index"])
+        table = table.join(skip, keys=["stream", "index"], join_type="left anti")
+    return table
+
+
+def plan_delta(root: DataRoot, previous: ShardSetManifest | None, new: pa.Table, *,
+               compatible: bool, compact_above: float = COMPACT_ABOVE) -> Delta | None:
+    """The delta from ``previous`` to the subset ``new`` (``image_id``, ``digest``), or ``None`` when
+    the set must be written whole (no previous set, incompatible layout, or past the compaction rule)."""
+    if previous is None or not compatible or not previous.streams:
+        return None
+    live = live_samples(root, previous)
+    if live is None:
+        return None
+    removed = live.join(new, keys=["image_id", "digest"], join_type="left anti")
+    added = new.join(live.select(["image_id", "digest"]), keys=["image_id", "digest"], join_type="left anti")
+    old_skip = read_table_at(previous.skip_uri, root) if previous.skip_uri else SKIP_SCHEMA.empty_table()
+    skip = pa.concat_tables([old_skip.cast(SKIP_SCHEMA),
+                             removed.select(["stream", "index", "image_id"]).cast(SKIP_SCHEMA)])
+    delta_samples = sum(int(s["samples"]) for s in previous.streams[1:]) + added.num_rows
+    if new.num_rows == 0 or (delta_samples + skip.num_rows) / new.num_rows > compact_above:
+        return None
+    return Delta(previous=previous, added=sorted(added.column("image_id").to_pylist()), skip=skip,
+                 removed=removed.num_rows)
+
+
+def sample_map(index: Mapping[str, Any], parts: Sequence[tuple[str, Sequence[tuple[str, str]]]]) -> pa.Table:
+    """``samples.parquet`` of a stream merged from part folders: each part's ``(image_id, digest)`` in
+    write order, placed where the merged ``index.json`` puts the part's shards."""
+    by_folder = {folder: list(rows) for folder, rows in parts}
+    taken: dict[str, int] = {}
+    ids: list[str] = []
+    digests: list[str] = []
+    for shard in index["shards"]:
+        folder = shard["raw_data"]["basename"].rsplit("/", 1)[0] if "/" in shard["raw_data"]["basename"] else ""
+        start = taken.get(folder, 0)
+        rows = by_folder[folder][start:start + int(shard["samples"])]
+        taken[folder] = start + len(rows)
+        ids += [r[0] for r in rows]
+        digests += [r[1] for r in rows]
+    return pa.table({"image_id": ids, "digest": digests}, schema=SAMPLES_SCHEMA)

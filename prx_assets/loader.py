@@ -1,0 +1,137 @@
+"""The loader side of PRX shard sets: a ``StreamingDataset`` that reads their streams and skip lists.
+
+A published shard set may be one MDS stream, or the streams of an earlier set plus a delta
+stream and a skip list (see :mod:`prx_assets.core.publish.incremental`). This dataset
+resolves a set's ``manifest.json`` into its physical streams and never yields a skipped
+sample, so opt-outs and removals take effect without rewriting a shard. Any trainer that
+uses ``StreamingDataset`` changes two lines::
+
+    from prx_assets.loader import PrxStreamingDataset
+    dataset = PrxStreamingDataset(shard_sets=["s3://bucket/prx/mds/photos/<shard set id>"], batch_size=32)
+
+or, for a mixture spec written by ``training_mixture``::
+
+    dataset = PrxStreamingDataset(spec="s3://bucket/prx/mixtures/main/<version>.json", batch_size=32)
+
+Every other ``StreamingDataset`` argument (shuffle, epoch_size, DataLoader workers, ranks)
+works as usual; ``live_samples`` is the number of samples an epoch over every stream yields.
+No Dagster import: this runs inside training jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streaming import Stream, StreamingDataset
+
+from prx_assets.core.config.storage import DataRoot, ObjectStoreSettings
+from prx_assets.core.manifests import MixtureSpec, MixtureStream, ShardSetManifest
+
+
+@dataclass(frozen=True)
+class ResolvedStreams:
+    """``StreamingDataset`` streams for some shard sets, and which of their samples to skip."""
+
+    streams: list[Stream]
+    skip: list[tuple[int, int]]  # (index into streams, sample index within that stream)
+    live_samples: int
+    epoch_size: int | None = None
+
+
+def _read(uri: str) -> bytes:
+    base, _, name = uri.rpartition("/")
+    return DataRoot(base or "/", ObjectStoreSettings.from_env()).read_bytes(name)
+
+
+def read_manifest(shard_set: str | ShardSetManifest) -> ShardSetManifest:
+    """A shard set's manifest from its folder or ``manifest.json`` (local or object store)."""
+    if isinstance(shard_set, ShardSetManifest):
+        return shard_set
+    uri = shard_set if shard_set.endswith("manifest.json") else f"{shard_set.rstrip('/')}/manifest.json"
+    return ShardSetManifest.from_json(_read(uri), uri)
+
+
+def _skip_pairs(manifest: ShardSetManifest) -> list[tuple[int, int]]:
+    if not manifest.skip_uri:
+        return []
+    import io
+
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(io.BytesIO(_read(manifest.skip_uri)), columns=["stream", "index"])
+    return list(zip(t.column("stream").to_pylist(), t.column("index").to_pylist(), strict=True))
+
+
+def _stream(uri: str, cache_root: str | None, n: int, **weights: Any) -> Stream:
+    if "://" in uri:
+        local = os.path.join(cache_root or tempfile.mkdtemp(prefix="prx-mds-cache-"), f"s{n}")
+        return Stream(remote=uri, local=local, **weights)
+    return Stream(local=uri, **weights)
+
+
+def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec | None = None,
+            cache_root: str | None = None) -> ResolvedStreams:
+    """Physical streams and skip pairs of ``shard_sets`` (all samples), or of a mixture ``spec``
+    (each logical stream's proportion / repeat / choose split over its physical streams by their
+    live sample counts)."""
+    logical: list[tuple[ShardSetManifest, MixtureStream | None]] = (
+        [(read_manifest(s.uri), s) for s in spec.streams] if spec is not None
+        else [(read_manifest(s), None) for s in shard_sets])
+    streams: list[Stream] = []
+    skip: list[tuple[int, int]] = []
+    live_total = 0
+    for manifest, weighting in logical:
+        pairs = _skip_pairs(manifest)
+        physical = manifest.physical_streams()
+        skipped = [sum(1 for s, _ in pairs if s == i) for i in range(len(physical))]
+        live = [int(p["samples"]) - skipped[i] for i, p in enumerate(physical)]
+        total = sum(live) or 1
+        placed: dict[int, int] = {}
+        for i, p in enumerate(physical):
+            if live[i] == 0 and len(physical) > 1:
+                continue  # every sample of this stream is skipped: leave it out
+            placed[i] = len(streams)
+            weights: dict[str, Any] = {}
+            if weighting is not None and weighting.proportion is not None:
+                weights["proportion"] = float(weighting.proportion) * live[i] / total
+            elif weighting is not None and weighting.repeat is not None:
+                weights["repeat"] = float(weighting.repeat)
+            elif weighting is not None and weighting.choose is not None:
+                weights["choose"] = round(int(weighting.choose) * live[i] / total)
+            streams.append(_stream(p["uri"], cache_root, len(streams), **weights))
+        skip += [(placed[s], idx) for s, idx in pairs if s in placed]
+        live_total += sum(live)
+    return ResolvedStreams(streams=streams, skip=skip, live_samples=live_total,
+                           epoch_size=spec.epoch_size if spec is not None else None)
+
+
+class PrxStreamingDataset(StreamingDataset):
+    """``StreamingDataset`` over PRX shard sets (or a mixture spec) that honours their skip lists."""
+
+    def __init__(self, *, shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec | str | None = None,
+                 cache_root: str | None = None, **kwargs: Any) -> None:
+        if isinstance(spec, str):
+            spec = MixtureSpec.from_json(_read(spec) if "://" in spec else Path(spec).read_bytes(), spec)
+        if not shard_sets and spec is None:
+            raise ValueError("PrxStreamingDataset needs shard_sets=[folder or URI, ...] or spec=<mixture spec>")
+        resolved = resolve(shard_sets, spec, cache_root)
+        if resolved.epoch_size is not None:
+            kwargs.setdefault("epoch_size", resolved.epoch_size)
+        super().__init__(streams=resolved.streams, **kwargs)
+        offsets = self.sample_offset_per_stream
+        self.skipped_ids = frozenset(int(offsets[s]) + int(i) for s, i in resolved.skip)
+        self.live_samples = int(self.num_samples) - len(self.skipped_ids)
+
+    def live_indices(self) -> Iterator[int]:
+        """Every sample index an epoch over all streams yields (for random access and checks)."""
+        return (i for i in range(int(self.num_samples)) if i not in self.skipped_ids)
+
+    def _each_sample_id(self, it: Any) -> Iterator[int]:  # the per-worker yield loop of StreamingDataset
+        for sample_id in super()._each_sample_id(it):
+            if sample_id not in self.skipped_ids:
+                yield sample_id

@@ -1,0 +1,100 @@
+"""Incremental shard sets: deltas and skip lists instead of rewrites; the loader never yields a skipped sample."""
+
+import hashlib
+from pathlib import Path
+
+import lance
+import pytest
+
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.lab.table import table_uri
+from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
+from prx_assets.core.publish.shards import ShardSettings, open_shard_set, verify_shard_set, write_shard_set
+from tests.unit.test_lab import build
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> tuple[DataRoot, lance.LanceDataset, list[str]]:
+    root = DataRoot(str(tmp_path / "root"))
+    build(root, tmp_path / "photos", n=24, batch_size=100)
+    ds = lance.dataset(table_uri(root, "images"))
+    return root, ds, sorted(ds.to_table(columns=["image_id"]).column(0).to_pylist())
+
+
+def _subset(ds: lance.LanceDataset, ids: list[str], tag: str) -> SubsetManifest:
+    return SubsetManifest(subset_id=f"sub-{tag}", recipe="r", recipe_hash="h", lance_uri=ds.uri,
+                          lance_version=ds.version, ids="", selected=len(ids))
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _epoch(manifest: ShardSetManifest, workers: int = 2) -> list[str]:
+    """Every image id one epoch yields through DataLoader workers (spawned, as the trainer does)."""
+    import torch
+
+    ds = open_shard_set(manifest, shuffle=True, shuffle_seed=3, batch_size=4)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
+                                         multiprocessing_context="spawn" if workers else None)
+    return [s["image_id"] for s in loader]
+
+
+def test_small_change_publishes_a_delta_and_a_skip_list(lab) -> None:
+    root, ds, ids = lab
+    recipe = Recipe(name="r")
+    settings = ShardSettings(workers=2, size_limit=1 << 16)
+    base = write_shard_set(root, ds, recipe, _subset(ds, ids[:20], "a"), ids[:20], [], settings)
+    assert base.layout == "full" and len(base.streams) == 1 and base.samples == 20
+    base_dir = Path(base.uri)
+    before = _files(base_dir)
+    assert "samples.parquet" in before
+
+    new_ids = ids[2:22]  # 2 removed, 2 added: 20% of the set, the default compaction bound
+    delta = write_shard_set(root, ds, recipe, _subset(ds, new_ids, "b"), new_ids, [], settings, previous=base)
+    assert delta.layout == "delta" and delta.samples == 20 and delta.skipped == 2
+    assert [s["role"] for s in delta.streams] == ["base", "delta"] and delta.streams[0]["uri"] == base.uri
+    assert delta.extra["added"] == 2 and delta.extra["removed"] == 2
+    assert _files(base_dir) == before  # no existing shard (or any file of the base set) changed
+    assert delta.bytes_written < base.bytes_written / 4  # wrote the new samples, not the set
+    got = _epoch(delta)
+    assert sorted(got) == new_ids  # removed samples are never yielded; nothing twice
+    assert verify_shard_set(delta, ds).passed
+
+    # One more removal passes the compaction rule: the set is written whole again.
+    fewer = new_ids[1:]
+    compacted = write_shard_set(root, ds, recipe, _subset(ds, fewer, "c"), fewer, [], settings, previous=delta)
+    assert compacted.layout == "full" and compacted.skipped == 0 and len(compacted.streams) == 1
+    assert sorted(_epoch(compacted, workers=0)) == fewer
+    assert _files(base_dir) == before
+
+
+def test_changed_content_is_a_removal_plus_an_addition(lab) -> None:
+    """A sample whose caption changes is skipped in its old stream and written again in the delta."""
+    from tests.unit.test_lab import add_captions
+
+    root, ds, ids = lab
+    rows = ds.to_table(columns=["image_id", "sha256", "batch"]).to_pylist()
+    add_captions(root, rows, "c-1", "a photo")
+    from prx_assets.core.lab.sync import sync_lab
+
+    sync_lab(root, captioner_ids=["c-1"])
+    ds = lance.dataset(table_uri(root, "images"))
+    recipe = Recipe(name="r", captions=("c-1",))
+    settings = ShardSettings(workers=1)
+    sub = SubsetManifest(subset_id="s1", recipe="r", recipe_hash="h", lance_uri=ds.uri, lance_version=ds.version,
+                         ids="", selected=len(ids), caption_columns=("caption__c_1",))
+    base = write_shard_set(root, ds, recipe, sub, ids, ["c-1"], settings)
+    one = [r for r in rows if r["image_id"] == ids[5]]
+    add_captions(root, one, "c-1", "a different caption")
+    sync_lab(root, captioner_ids=["c-1"])
+    ds2 = lance.dataset(table_uri(root, "images"))
+    sub2 = SubsetManifest(subset_id="s2", recipe="r", recipe_hash="h", lance_uri=ds2.uri,
+                          lance_version=ds2.version, ids="", selected=len(ids), caption_columns=("caption__c_1",))
+    delta = write_shard_set(root, ds2, recipe, sub2, ids, ["c-1"], settings, previous=base)
+    assert delta.layout == "delta" and delta.skipped == 1 and delta.extra["added"] == 1
+    sds = open_shard_set(delta)
+    captions = {sds[i]["image_id"]: sds[i]["caption"] for i in sds.live_indices()}
+    assert len(captions) == len(ids) and captions[ids[5]].startswith("a different caption")
