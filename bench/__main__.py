@@ -1,8 +1,8 @@
 """Run every benchmark in this folder and print their tables.
 
-Usage: ``python -m bench [name ...]`` (names: ingest, captions, lab, shards, training,
-dagster_overhead). Results are also written as
-JSON under ``bench/results/``.
+Usage: ``python -m bench [name ...] [--json]`` (names: ingest, captions, lab, shards, training,
+incremental, dagster_overhead). Results are also written as JSON under ``bench/results/``;
+``--json`` ends the output with one JSON line per benchmark.
 """
 
 import importlib
@@ -11,12 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("ingest", "captions", "lab", "shards", "training", "dagster_overhead")
+BENCHES = ("ingest", "captions", "lab", "shards", "training", "incremental", "dagster_overhead")
 
 
 def main(argv: list[str]) -> int:
     """Run the named benchmarks (all by default)."""
-    names = argv or list(BENCHES)
+    as_json = "--json" in argv
+    names = [a for a in argv if a != "--json"] or list(BENCHES)
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
     for name in names:
@@ -26,6 +27,8 @@ def main(argv: list[str]) -> int:
         print(mod.format_table(result))
         print(f"({name}: {time.perf_counter() - started:.1f}s)\n")
         (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
+        if as_json:
+            print(json.dumps(result))
     return 0
 
 

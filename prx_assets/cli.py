@@ -544,6 +544,51 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return rc
 
 
+def cmd_optout(args: argparse.Namespace) -> int:
+    """Record an opt-out request; report which listed images the lab and the current subsets hold."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from prx_assets.core.curate.optout import new_request, read_lines, record
+    from prx_assets.core.curate.subsets import read_subset
+    from prx_assets.core.lab.sql import chunks, where_in
+    from prx_assets.defs.staleness import latest_data_version
+
+    if not args.ids and not args.uris:
+        raise PrxError("pass --ids FILE (lab image ids) or --uris FILE (source URIs), one per line")
+    ids = read_lines(args.ids, "ids") if args.ids else ()
+    uris = read_lines(args.uris, "uris") if args.uris else ()
+    request = new_request(ids, uris, args.reason or "")
+    root = _root()
+    fresh = record(root, request)
+    print(f"{'recorded' if fresh else 'already recorded'} {request.request_id}: {len(ids)} image ids, "
+          f"{len(uris)} URIs{', reason: ' + request.reason if request.reason else ''}")
+    images = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
+    found: set[str] = set()
+    if images is not None:
+        for column, values in (("image_id", ids), ("uri", uris)):
+            for part in chunks(values, 512):
+                found |= set(images.to_table(columns=["image_id"], filter=where_in(column, part))
+                             .column("image_id").to_pylist())
+    missing = len(ids) + len(uris) - len(found)
+    print(f"  {len(found)} of the listed images are in the lab"
+          + (f"; {missing} are not (nothing to remove for them)" if missing > 0 else ""))
+    instance = _instance()
+    wanted = pa.array(sorted(found), pa.string())
+    for recipe in sorted(instance.get_dynamic_partitions("recipes")):
+        sid = latest_data_version(instance, "curated_subsets", recipe)
+        if not sid:
+            continue
+        try:
+            _, subset_ids = read_subset(root, recipe, sid)
+        except (OSError, PrxError):
+            continue
+        n = int(pc.sum(pc.is_in(pa.array(subset_ids, pa.string()), value_set=wanted)).as_py() or 0)
+        print(f"  recipe {recipe}: {n} of them in its current subset"
+              + (" -> the next `prx-assets run` republishes its shard set with a skip list" if n else ""))
+    return 0
+
+
 def path_hint() -> str | None:
     """How to reach ``prx-assets`` when this interpreter's bin folder is not on PATH (else ``None``)."""
     bindir = Path(sys.executable).parent
@@ -610,6 +655,12 @@ def build_parser() -> argparse.ArgumentParser:
     rj.add_argument("--limit", type=int, default=50)
     rj.add_argument("--json", action="store_true", help="JSON lines")
     rj.set_defaults(fn=cmd_rejects)
+    oo = sub.add_parser("optout", help="record an opt-out request (image ids or source URIs); the next run "
+                                         "removes those images from every subset and shard set")
+    oo.add_argument("--ids", help="file with one lab image id per line")
+    oo.add_argument("--uris", help="file with one source URI per line")
+    oo.add_argument("--reason", help="why (kept with the request, shown in lineage)")
+    oo.set_defaults(fn=cmd_optout)
     li = sub.add_parser("lineage", help="training run or shard set -> mixture, shard sets, subsets, Lance "
                                         "version, captioners, code versions, sources")
     li.add_argument("target", help="a training run's Dagster run id, training_run[<mixture>], a mixture name, "

@@ -87,3 +87,34 @@ def test_unchanged_inputs_create_nothing_new_and_ids_are_reproducible(
         assert _ids(instance) == first
     spec = json.loads(next((tmp_path / "b" / "data" / "mixtures" / "demo_mix").glob("*.json")).read_text())
     assert spec["streams"][0]["uri"].startswith(str(tmp_path / "b"))  # lineage differs, identity does not
+
+    # Opt out two images (and one the lab never saw): the next run republishes demo_all as a delta
+    # whose skip list hides them; no shard is rewritten and the loader never yields them.
+    from prx_assets.core.curate.subsets import read_subset
+    from prx_assets.core.publish.shards import open_shard_set, read_shard_set_manifest
+
+    root_b = DataRoot(str(tmp_path / "b" / "data"))
+    _, subset_ids = read_subset(root_b, "demo_all", first["curated_subsets[demo_all]"])
+    gone = subset_ids[:2]
+    ids_file = tmp_path / "optout.txt"
+    ids_file.write_text("\n".join([*gone, "ffffffffffffffff"]) + "\n")
+    base_dir = tmp_path / "b" / "data" / "mds" / "demo_all" / first["mds_shards[demo_all]"]
+    before = {p: p.read_bytes() for p in base_dir.rglob("*") if p.is_file()}
+    assert main(["optout", "--ids", str(ids_file), "--reason", "takedown 7"]) == 0
+    out = capsys.readouterr().out
+    assert "recorded optout-" in out and "2 of the listed images are in the lab; 1 are not" in out
+    assert "recipe demo_all: 2 of them in its current subset" in out
+    assert main(["run"]) == 0
+    assert "mds_shards demo_all: ok" in capsys.readouterr().out
+    with dg.DagsterInstance.get() as instance:
+        mat = instance.get_latest_data_version_record(dg.AssetKey("mds_shards"), partition_key="demo_all")
+        set_id = mat.asset_materialization.tags["dagster/data_version"]
+        assert _ids(instance)["training_runs"] == 2  # new content: one new training run
+    manifest = read_shard_set_manifest(root_b, "demo_all", set_id)
+    assert manifest.layout == "delta" and manifest.skipped == 2 and manifest.samples == len(subset_ids) - 2
+    assert {p: p.read_bytes() for p in base_dir.rglob("*") if p.is_file()} == before  # nothing rewritten
+    yielded = [s["image_id"] for s in open_shard_set(manifest)]
+    assert sorted(yielded) == sorted(set(subset_ids) - set(gone))
+    assert main(["lineage", set_id]) == 0
+    text = capsys.readouterr().out
+    assert "published as a delta of" in text and "opt-out optout-" in text and "2 images removed" in text

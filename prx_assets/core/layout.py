@@ -13,6 +13,7 @@ and an object-store prefix::
       mixtures/<mixture>/<version>.json       mixture specs the trainer reads
       training/<mixture>/<version>/<run>/     checkpoints (local data roots)
       slurm/                                  job scripts, logs and Pipes files (local data roots)
+      optout/<request id>.json                opt-out requests (applied by every recipe)
 
 >>> shard_set_manifest("demo_all", "3f2a")
 'mds/demo_all/3f2a/manifest.json'
@@ -31,6 +32,7 @@ MDS_DIR = "mds"
 MIXTURE_DIR = "mixtures"
 TRAINING_DIR = "training"
 SLURM_DIR = "slurm"
+OPTOUT_DIR = "optout"
 
 SUBSET_MANIFEST = "subset.json"
 SUBSET_IDS = "ids.parquet"
@@ -104,6 +106,11 @@ def manifest_of(folder_or_manifest: str) -> str:
 def mixture_spec(mixture: str, version: str) -> str:
     """A resolved mixture spec: ``mixtures/<mixture>/<version>.json``."""
     return f"{MIXTURE_DIR}/{mixture}/{version}.json"
+
+
+def optout_request(request_id: str) -> str:
+    """One recorded opt-out request."""
+    return f"{OPTOUT_DIR}/{request_id}.json"
 
 
 def training_dir(mixture: str, version: str) -> str:

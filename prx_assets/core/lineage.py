@@ -77,6 +77,9 @@ def shard_set_lineage(root: DataRoot, manifest: ShardSetManifest) -> dict[str, A
         "captioner_ids": list(manifest.captioner_ids),
         "caption_columns": sorted((manifest.caption_plan or {}).get("columns", {})),
         "sources": sources_of_subset(root, subset),
+        "layout": manifest.layout, "skipped": manifest.skipped,
+        "previous_shard_set_id": manifest.extra.get("previous_shard_set_id"),
+        "optout_requests": {**subset.optout_requests, **(manifest.extra.get("optout_requests") or {})},
     }
 
 
@@ -100,6 +103,11 @@ def render(lineage: dict[str, Any]) -> str:
         lines.append(f"{ind}shard set {ss['shard_set_id']}  ({ss['samples']} samples, {ss['shards']} shards, "
                      f"code {ss.get('code_version')}{', latents ' + ss['text_latents'] if ss.get('text_latents') else ''})")
         lines.append(f"{ind}  uri: {ss['uri']}")
+        if ss.get("layout") == "delta":
+            lines.append(f"{ind}  published as a delta of {ss.get('previous_shard_set_id')}: "
+                         f"{ss.get('skipped', 0)} samples of earlier streams skipped, none rewritten")
+        for req, n in (ss.get("optout_requests") or {}).items():
+            lines.append(f"{ind}  opt-out {req}: {n} images removed")
         if ss.get("dagster_run_id"):
             lines.append(f"{ind}  written by Dagster run {ss['dagster_run_id']}")
         if ss.get("asset_code_versions"):

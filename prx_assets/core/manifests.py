@@ -100,6 +100,7 @@ class SubsetManifest(JsonRecord):
     dropped: dict[str, int] = field(default_factory=dict)
     buckets: dict[str, int] = field(default_factory=dict)
     caption_columns: tuple[str, ...] = ()
+    optout_requests: dict[str, int] = field(default_factory=dict)  # request id -> images it removed here
     version: int | None = None  # the Lance version again (older readers use this key)
     extra: dict[str, Any] = field(default_factory=dict)
 

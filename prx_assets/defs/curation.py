@@ -3,6 +3,7 @@
 import dagster as dg
 from pydantic import Field
 
+from prx_assets.core.curate.optout import load_requests, registry_version
 from prx_assets.core.curate.selection import select
 from prx_assets.core.curate.subsets import write_subset
 from prx_assets.core.lab.query import open_lab
@@ -22,16 +23,17 @@ from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 CURATION_CODE_VERSION = "curation-1"
 
 
-def curated_fingerprint_of(recipe_hash: str, lab_data_version: str) -> str:
+def curated_fingerprint_of(recipe_hash: str, lab_data_version: str, optouts: str) -> str:
     """The one formula: code version + recipe hash + the lab's data version (its content, not its
-    Lance version: a lab sync that changed nothing keeps its data version)."""
-    return digest(CURATION_CODE_VERSION, recipe_hash, lab_data_version)
+    Lance version: a lab sync that changed nothing keeps its data version) + the opt-out requests."""
+    return digest(CURATION_CODE_VERSION, recipe_hash, lab_data_version, optouts)
 
 
 def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """The fingerprint a run now would record: of the recipe and the lab's current data version."""
     recipe = ctx.config().recipes().get(partition_key or "")
-    return curated_fingerprint_of(recipe.recipe_hash(), latest_data_version(ctx.instance, lance_table.key, None))
+    return curated_fingerprint_of(recipe.recipe_hash(), latest_data_version(ctx.instance, lance_table.key, None),
+                                  registry_version(load_requests(ctx.root)))
 
 
 register_fingerprint("curated_subsets", curated_fingerprint)
@@ -70,13 +72,15 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     ds = open_lab(root, version=config.lance_version,
                   tag=None if config.lance_version is not None else PUBLISHED_TAG)
     emb_col = embedding_column(models.embedder.embedder_id()) if models.embedder else None
-    subset = select(ds, recipe, known_captioner_ids=models.captioner_ids(), embedding_column=emb_col)
+    optouts = load_requests(root)
+    subset = select(ds, recipe, known_captioner_ids=models.captioner_ids(), embedding_column=emb_col,
+                    optouts=optouts)
     stored = write_subset(root, ds, recipe, subset)
     context.log.info(f"{recipe.name}: {len(subset.image_ids)} of {subset.total} images at Lance version "
                      f"{subset.version}; dropped {subset.dropped}")
     lab_version = latest_data_version(context.instance, lance_table.key, None) if config.lance_version is None \
         else f"lance-v{config.lance_version}"
-    fp = curated_fingerprint_of(recipe.recipe_hash(), lab_version)
+    fp = curated_fingerprint_of(recipe.recipe_hash(), lab_version, registry_version(optouts))
     if stored.reused:
         context.log.info(f"subset {stored.subset_id} already written (same content): reused as it is")
     return dg.MaterializeResult(
@@ -90,6 +94,7 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
             "reused": stored.reused,
             "recipe_hash": recipe.recipe_hash(),
             "dropped_by_rule": dg.MetadataValue.json(subset.dropped),
+            "optout_requests": dg.MetadataValue.json(subset.optout_dropped),
             "aspect_buckets": dg.MetadataValue.json(subset.buckets),
             "caption_columns": dg.MetadataValue.json(subset.caption_columns),
             **subset_pictures(ds, subset.image_ids, subset.caption_columns[0] if subset.caption_columns else None,

@@ -98,3 +98,78 @@ def test_changed_content_is_a_removal_plus_an_addition(lab) -> None:
     sds = open_shard_set(delta)
     captions = {sds[i]["image_id"]: sds[i]["caption"] for i in sds.live_indices()}
     assert len(captions) == len(ids) and captions[ids[5]].startswith("a different caption")
+
+
+def test_delta_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]) -> None:
+    """The same publication order on an object store: shards and sidecars, then indexes, then the manifest."""
+    import boto3
+
+    root = DataRoot(f"s3://{s3_env['BUCKET']}/prx")
+    build(root, tmp_path / "photos", n=10, batch_size=100)
+    ds = lance.dataset(table_uri(root, "images"), storage_options=root.storage_options())
+    ids = sorted(ds.to_table(columns=["image_id"]).column(0).to_pylist())
+    recipe, settings = Recipe(name="r"), ShardSettings(workers=1)
+    base = write_shard_set(root, ds, recipe, _subset(ds, ids[:9], "a"), ids[:9], [], settings)
+    s3 = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    keys = lambda: {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=s3_env["BUCKET"],  # noqa: E731
+                                                                       Prefix="prx/mds/")["Contents"]}
+    before = keys()
+    new_ids = ids[1:10]
+    delta = write_shard_set(root, ds, recipe, _subset(ds, new_ids, "b"), new_ids, [], settings,
+                            previous=base, compact_above=0.5)
+    assert delta.layout == "delta" and delta.uri.startswith("s3://")
+    after = keys()
+    assert {k: after[k] for k in before} == before  # nothing published before was rewritten
+    assert sorted(s["image_id"] for s in open_shard_set(delta, cache=str(tmp_path / "cache"))) == new_ids
+
+
+def test_a_delta_killed_mid_publish_is_never_half_visible(lab, tmp_path: Path) -> None:
+    """kill -9 while the delta is being written: no new set is visible, the base is untouched, a re-run publishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root, ds, ids = lab
+    recipe, settings = Recipe(name="r"), ShardSettings(workers=1)
+    base = write_shard_set(root, ds, recipe, _subset(ds, ids[:20], "a"), ids[:20], [], settings)
+    before = _files(Path(base.uri))
+    (tmp_path / "base.json").write_bytes(base.to_json())
+    marker = tmp_path / "written"
+    script = f"""
+import time
+import lance
+import prx_assets.core.publish.shards as shards
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
+
+real = shards._write_part
+def stalled(*args, **kwargs):
+    out = real(*args, **kwargs)
+    open({str(marker)!r}, "w").write("delta shards written")
+    time.sleep(120)
+    return out
+shards._write_part = stalled
+ds = lance.dataset({ds.uri!r})
+ids = {ids[2:22]!r}
+sub = SubsetManifest(subset_id="sub-b", recipe="r", recipe_hash="h", lance_uri=ds.uri, lance_version=ds.version,
+                     ids="", selected=len(ids))
+base = ShardSetManifest.from_json(open({str(tmp_path / 'base.json')!r}, "rb").read())
+shards.write_shard_set(DataRoot({root.uri!r}), ds, Recipe(name="r"), sub, ids, [], shards.ShardSettings(workers=1),
+                       previous=base)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, "the writer died before writing its delta"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    recipe_dir = Path(base.uri).parent
+    assert sorted(p.name for p in recipe_dir.iterdir() if not p.name.startswith(".")) == [Path(base.uri).name]
+    assert _files(Path(base.uri)) == before
+    new_ids = ids[2:22]
+    delta = write_shard_set(root, ds, recipe, _subset(ds, new_ids, "b"), new_ids, [], settings, previous=base)
+    assert delta.layout == "delta" and sorted(s["image_id"] for s in open_shard_set(delta)) == new_ids

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import lance
 import numpy as np
 
+from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.lab.sql import where_in
 from prx_assets.core.lab.sync import CAPTION_PREFIX, caption_column
@@ -44,6 +45,7 @@ class Subset:
     buckets: dict[str, int] = field(default_factory=dict)
     total: int = 0
     content_hash: str = ""
+    optout_dropped: dict[str, int] = field(default_factory=dict)  # request id -> images it removed
 
 
 def resolve_caption_columns(ds: lance.LanceDataset, names: Sequence[str], known_ids: Sequence[str],
@@ -153,8 +155,9 @@ def content_hash(caption_columns: Sequence[str],
 
 
 def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence[str] = (),
-           embedding_column: str | None = None) -> Subset:
-    """Run ``recipe`` on the lab version ``ds`` (see module docs)."""
+           embedding_column: str | None = None, optouts: Sequence[OptOutRequest] = ()) -> Subset:
+    """Run ``recipe`` on the lab version ``ds`` (see module docs); ``optouts`` (recorded requests)
+    apply to every recipe, each with its own drop count in ``Subset.optout_dropped``."""
     out = Subset(recipe=recipe.name, version=ds.version, total=ds.count_rows())
     captions = list(recipe.captions) + [n for n, _ in recipe.caption_mix if n not in recipe.captions]
     out.caption_columns = resolve_caption_columns(ds, captions, known_captioner_ids, recipe.name)
@@ -185,6 +188,13 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     ids_out, uris_out = recipe.optout_ids(), recipe.optout_uris()
     if ids_out or uris_out:
         apply("optout", [r["image_id"] not in ids_out and r["uri"] not in uris_out for r in rows])
+    for req in optouts:
+        req_ids, req_uris = set(req.image_ids), set(req.uris)
+        keep = [r["image_id"] not in req_ids and r["uri"] not in req_uris for r in rows]
+        out.optout_dropped[req.request_id] = len(rows) - sum(keep)
+        rows = [r for r, k in zip(rows, keep, strict=True) if k]
+    if optouts:
+        out.dropped["optout_requests"] = sum(out.optout_dropped.values())
     if out.caption_columns:
         apply("no_caption", [any(r[c] for c in out.caption_columns) for r in rows])
     if recipe.dedup.exact:

@@ -64,7 +64,8 @@ def write_subset(root: DataRoot, ds: lance.LanceDataset, recipe: Recipe, subset:
         subset_id=sid, recipe=recipe.name, recipe_hash=recipe.recipe_hash(), lance_uri=ds.uri,
         lance_version=subset.version, lance_tag=tag, ids=root.join(layout.subset_ids(recipe.name, sid)),
         selected=len(subset.image_ids), total=subset.total, dropped=dict(subset.dropped),
-        buckets=dict(subset.buckets), caption_columns=tuple(subset.caption_columns), version=subset.version)
+        buckets=dict(subset.buckets), caption_columns=tuple(subset.caption_columns),
+        optout_requests=dict(subset.optout_dropped), version=subset.version)
     root.write_bytes(layout.subset_manifest(recipe.name, sid), manifest.to_json())
     return StoredSubset(subset_id=sid, uri=root.join(layout.subset_dir(recipe.name, sid)), tag=tag, manifest=manifest)
 

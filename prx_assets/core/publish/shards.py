@@ -233,7 +233,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
         Path(root.join(layout.shard_set_staging(recipe.name, set_id, uuid.uuid4().hex[:8])))
     try:
-        staging.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir(parents=True, exist_ok=True)
         if delta is None:
             streams, bucket_streams, writers = _write_whole(staging, lab, ids, columns, plan, settings, encoder,
                                                              uri=root.join(rel), set_id=set_id)
@@ -268,7 +268,9 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             layout="full" if delta is None else "delta", bytes_written=written_bytes,
             extra={**dict(lineage or {}), **({"previous_shard_set_id": delta.previous.shard_set_id,
                                               "added": len(delta.added), "removed": delta.removed}
-                                             if delta else {})},
+                                             if delta else {}),
+                   **({"optout_requests": dict(subset_manifest.optout_requests)}
+                      if subset_manifest.optout_requests else {})},
         )
         (staging / layout.SHARD_SET_MANIFEST).write_bytes(manifest.to_json())
         _publish(root, staging, rel)
