@@ -6,7 +6,7 @@ from pydantic import Field
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.curate.subsets import read_subset
+from prx_assets.core.curate.subsets import read_subset_manifest, read_subset_table
 from prx_assets.core.lab.sql import open_pinned
 from prx_assets.core.manifests import ManifestError, ShardSetManifest
 from prx_assets.core.publish.shards import (
@@ -104,7 +104,9 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     recipe = project.recipes().get(context.partition_key)
     root = storage.root()
     sid = _subset_of(context)
-    subset_manifest, ids = read_subset(root, recipe.name, sid)
+    subset_manifest = read_subset_manifest(root, recipe.name, sid)
+    subset_table = read_subset_table(root, recipe.name, sid)
+    ids = subset_table.column("image_id").to_pylist()
     lab = open_pinned(subset_manifest, root.storage_options())
     models = project.models()
     if config.precomputed_latents and models.text_encoder is None:
@@ -116,7 +118,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     previous = _published(context, root)
     manifest = write_shard_set(root, lab, recipe, subset_manifest, ids, models.captioner_ids(),
                                settings, lineage={"dagster_run_id": context.run.run_id}, previous=previous,
-                               compact_above=config.compact_above)
+                               compact_above=config.compact_above, digests=subset_table)
     context.log.info(f"{recipe.name}: {manifest.samples} samples in {manifest.shards} shards at {manifest.uri}")
     version = manifest.shard_set_id
     if previous_data_version(context) == version:

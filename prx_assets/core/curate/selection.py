@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import lance
@@ -45,6 +45,7 @@ class Subset:
     buckets: dict[str, int] = field(default_factory=dict)
     total: int = 0
     content_hash: str = ""
+    digests: list[str] = field(default_factory=list)  # content_digest per image id, same order
     optout_dropped: dict[str, int] = field(default_factory=dict)  # request id -> images it removed
 
 
@@ -136,21 +137,28 @@ def near_duplicates_embedding(vectors: np.ndarray, threshold: float) -> list[boo
     return keep
 
 
-def content_hash(caption_columns: Sequence[str],
-                 items: Iterable[tuple[str, str, Sequence[str | None]]]) -> str:
-    """Identity of a subset's content: its caption columns, then ``(image id, content, captions)``
-    per selected image in id order, where content names the original and its normalization
-    (``sha256:ingest_config``: a re-encode at another quality is new content). Streamed:
-    memory does not grow with the subset.
+def content_digest(sha256: str, ingest_config: str, captions: Mapping[str, str | None]) -> str:
+    """What a consumer reads of one image: the original (``sha256``), how it was normalized
+    (``ingest_config``: a re-encode at another quality is new content) and its caption texts.
 
-    >>> content_hash(["caption__a"], [("i1", "ab", ["a cat"])]) == content_hash(["caption__a"], [("i1", "ab", ["a cat"])])
+    >>> content_digest("ab", "q92", {"caption__a": "a cat"}) != content_digest("ab", "q92", {"caption__a": "a dog"})
     True
-    >>> content_hash(["caption__a"], [("i1", "ab", ["a cat"])]) == content_hash(["caption__a"], [("i1", "ab", ["a dog"])])
+    """
+    return hashlib.sha256(json.dumps([sha256, ingest_config, sorted(captions.items())]).encode()).hexdigest()[:16]
+
+
+def content_hash(caption_columns: Sequence[str], items: Iterable[tuple[str, str]]) -> str:
+    """Identity of a subset's content: its caption columns, then ``(image id, content digest)`` per
+    selected image in id order. Streamed: memory does not grow with the subset.
+
+    >>> content_hash(["caption__a"], [("i1", "d1")]) == content_hash(["caption__a"], [("i1", "d1")])
+    True
+    >>> content_hash(["caption__a"], [("i1", "d1")]) == content_hash(["caption__a"], [("i1", "d2")])
     False
     """
     h = hashlib.sha256(json.dumps(list(caption_columns)).encode())
-    for image_id, sha, captions in items:
-        h.update(b"\n" + json.dumps([image_id, sha, list(captions)]).encode())
+    for image_id, digest in items:
+        h.update(b"\n" + json.dumps([image_id, digest]).encode())
     return h.hexdigest()[:20]
 
 
@@ -218,9 +226,9 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         ids = chosen
     out.image_ids = ids
     by_row = {r["image_id"]: r for r in rows}
-    out.content_hash = content_hash(out.caption_columns,
-                                    ((i, f"{by_row[i]['sha256']}:{by_row[i]['ingest_config']}",
-                                      [by_row[i][c] for c in out.caption_columns]) for i in ids))
+    out.digests = [content_digest(by_row[i]["sha256"], by_row[i]["ingest_config"],
+                                  {c: by_row[i][c] for c in out.caption_columns}) for i in ids]
+    out.content_hash = content_hash(out.caption_columns, zip(ids, out.digests, strict=True))
     by_id = {r["image_id"]: r["aspect_bucket"] for r in rows}
     buckets: dict[str, int] = {}
     for i in ids:

@@ -56,7 +56,8 @@ def write_subset(root: DataRoot, ds: lance.LanceDataset, recipe: Recipe, subset:
         return StoredSubset(subset_id=sid, uri=root.join(layout.subset_dir(recipe.name, sid)),
                             tag=manifest.lance_tag or "", manifest=manifest, reused=True)
     buf = io.BytesIO()
-    pq.write_table(pa.table({"image_id": pa.array(subset.image_ids, pa.string())}), buf)
+    pq.write_table(pa.table({"image_id": pa.array(subset.image_ids, pa.string()),
+                             "digest": pa.array(subset.digests, pa.string())}), buf)
     root.write_bytes(layout.subset_ids(recipe.name, sid), buf.getvalue())
     tag = f"subset-{recipe.name}-v{subset.version}"
     tag_version(ds, tag, subset.version)
@@ -74,6 +75,12 @@ def read_subset_manifest(root: DataRoot, recipe: str, sid: str) -> SubsetManifes
     """The manifest of a stored subset."""
     rel = layout.subset_manifest(recipe, sid)
     return SubsetManifest.from_json(root.read_bytes(rel), root.join(rel))
+
+
+def read_subset_table(root: DataRoot, recipe: str, sid: str) -> pa.Table:
+    """``ids.parquet`` of a stored subset: ``image_id`` (and ``digest``, the per-image content digest,
+    for subsets written since digests were kept), in id order."""
+    return pq.read_table(io.BytesIO(root.read_bytes(layout.subset_ids(recipe, sid))))
 
 
 def read_subset(root: DataRoot, recipe: str, sid: str) -> tuple[SubsetManifest, list[str]]:

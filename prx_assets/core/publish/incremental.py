@@ -18,9 +18,7 @@ Diffs run in Arrow (anti-joins on ``image_id`` + ``digest``), not over Python ob
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.selection import content_digest
 from prx_assets.core.manifests import ShardSetManifest
 
 SAMPLES_FILE = "samples.parquet"
@@ -44,18 +43,15 @@ def published_captions(row: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[
     return {mds_col: next((row[c] for c in sources if row[c]), "") for mds_col, sources in plan["columns"].items()}
 
 
-def sample_digest(sha256: str, ingest_config: str, captions: Mapping[str, str]) -> str:
-    """What a consumer reads from a sample, hashed: the original, how it was normalized, its captions.
-
-    >>> sample_digest("ab", "q92", {"caption": "a cat"}) != sample_digest("ab", "q92", {"caption": "a dog"})
-    True
-    """
-    return hashlib.sha256(json.dumps([sha256, ingest_config, sorted(captions.items())]).encode()).hexdigest()[:16]
+def sample_digest(row: Mapping[str, Any], caption_columns: Sequence[str]) -> str:
+    """A sample's content digest: the curated subset's per-image digest (same definition, so the
+    subset's ``ids.parquet`` and a stream's ``samples.parquet`` compare directly)."""
+    return content_digest(row["sha256"], row["ingest_config"], {c: row[c] for c in caption_columns})
 
 
-def digest_columns(plan: Mapping[str, Any]) -> list[str]:
+def digest_columns(caption_columns: Sequence[str]) -> list[str]:
     """Lab columns a sample digest needs."""
-    return list(dict.fromkeys(["sha256", "ingest_config", *(c for cs in plan["columns"].values() for c in cs)]))
+    return list(dict.fromkeys(["sha256", "ingest_config", *caption_columns]))
 
 
 def uri_join(base: str, name: str) -> str:

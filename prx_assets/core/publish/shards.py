@@ -111,12 +111,13 @@ def caption_plan(recipe: Recipe, caption_columns: Sequence[str], captioner_ids: 
 
 
 def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: dict[str, str],
-                plan: dict[str, Any], settings: ShardSettings,
-                encoder: TextEncoder | None = None) -> list[tuple[str, str]]:
+                plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None = None,
+                caption_columns: Sequence[str] = ()) -> list[tuple[str, str]]:
     """Write ``ids`` as one MDS part; return ``(image_id, digest)`` per sample in write order."""
     from streaming import MDSWriter
 
-    lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *digest_columns(plan)]))
+    sources = [c for cs in plan["columns"].values() for c in cs]
+    lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *sources, *digest_columns(caption_columns)]))
     written: list[tuple[str, str]] = []
     with MDSWriter(out=out, columns=columns, compression=settings.compression,
                    hashes=list(settings.hashes) or None, size_limit=settings.size_limit) as writer:
@@ -130,7 +131,7 @@ def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: 
                 captions = published_captions(r, plan)
                 sample.update(captions)
                 samples.append(sample)
-                written.append((image_id, sample_digest(r["sha256"], r["ingest_config"], captions)))
+                written.append((image_id, sample_digest(r, caption_columns)))
             if encoder is not None:
                 tower = encoder.spec.tower()
                 for mds_col in plan["columns"]:
@@ -145,17 +146,18 @@ def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: 
     return written
 
 
-def subset_digests(lab: lance.LanceDataset, ids: Sequence[str], plan: dict[str, Any]) -> pa.Table:
-    """``image_id`` and content ``digest`` of every subset sample, as the writer would publish it."""
+def subset_digests(lab: lance.LanceDataset, ids: Sequence[str], caption_columns: Sequence[str]) -> pa.Table:
+    """``image_id`` and content ``digest`` of every subset sample, from the lab (for subsets written
+    before their ``ids.parquet`` kept digests)."""
     out_ids: list[str] = []
     digests: list[str] = []
-    for chunk, rows in rows_by_ids(lab, ids, digest_columns(plan)):
+    for chunk, rows in rows_by_ids(lab, ids, digest_columns(caption_columns)):
         for image_id in chunk:
             r = rows.get(image_id)
             if r is None:
                 raise ShardError(f"image {image_id!r} is in the subset but not in Lance version {lab.version}")
             out_ids.append(image_id)
-            digests.append(sample_digest(r["sha256"], r["ingest_config"], published_captions(r, plan)))
+            digests.append(sample_digest(r, caption_columns))
     return pa.table({"image_id": out_ids, "digest": digests}, schema=SAMPLES_SCHEMA)
 
 
@@ -200,13 +202,14 @@ def shard_set_id(subset_id: str, settings: ShardSettings, plan: dict[str, Any]) 
 def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, subset_manifest: SubsetManifest,
                     ids: Sequence[str], captioner_ids: Sequence[str], settings: ShardSettings,
                     lineage: dict[str, Any] | None = None, previous: ShardSetManifest | None = None,
-                    compact_above: float = COMPACT_ABOVE) -> ShardSetManifest:
+                    compact_above: float = COMPACT_ABOVE, digests: pa.Table | None = None) -> ShardSetManifest:
     """Write and publish the shard set of a subset; return its manifest (reused if already published).
 
     With ``previous`` (the recipe's currently published set), a subset that differs by a small
     share is published as a delta: the previous streams stay as they are, the new samples go
     into one delta stream and removed ones into the skip list (see
     :mod:`prx_assets.core.publish.incremental`); past ``compact_above`` it is written whole.
+    ``digests`` (``image_id``, ``digest``: the subset's ``ids.parquet``) spares reading them from the lab.
     """
     if not ids:
         raise ShardError(f"recipe {recipe.name!r} selected no images at Lance version "
@@ -227,8 +230,11 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     compatible = previous is not None and not settings.by_bucket and previous.columns == columns \
         and previous.caption_plan == plan and \
         {k: previous.settings.get(k) for k in written_settings} == written_settings
-    delta = plan_delta(root, previous, subset_digests(lab, ids, plan), compatible=compatible,
-                       compact_above=compact_above) if compatible else None
+    caption_columns = tuple(subset_manifest.caption_columns)
+    if compatible and (digests is None or "digest" not in digests.column_names):
+        digests = subset_digests(lab, ids, caption_columns)
+    delta = plan_delta(root, previous, digests.select(["image_id", "digest"]), compatible=compatible,
+                       compact_above=compact_above) if compatible and digests is not None else None
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
         Path(root.join(layout.shard_set_staging(recipe.name, set_id, uuid.uuid4().hex[:8])))
@@ -236,11 +242,13 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
         staging.mkdir(parents=True, exist_ok=True)
         if delta is None:
             streams, bucket_streams, writers = _write_whole(staging, lab, ids, columns, plan, settings, encoder,
-                                                             uri=root.join(rel), set_id=set_id)
+                                                             uri=root.join(rel), set_id=set_id,
+                                                             caption_columns=caption_columns)
             skip_uri, skipped, shards_total = None, 0, len(json.loads((staging / layout.MDS_INDEX).read_text())["shards"])
         else:
             streams, bucket_streams, writers = _write_delta(staging, lab, delta, columns, plan, settings, encoder,
-                                                            uri=root.join(rel), set_id=set_id)
+                                                            uri=root.join(rel), set_id=set_id,
+                                                            caption_columns=caption_columns)
             (staging / SKIP_FILE).write_bytes(parquet_bytes(delta.skip))
             skip_uri, skipped = root.join(rel, SKIP_FILE), delta.skip.num_rows
             shards_total = delta.previous.shards + (len(json.loads((staging / "delta" / layout.MDS_INDEX)
@@ -282,7 +290,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
 
 def _write_whole(staging: Path, lab: lance.LanceDataset, ids: Sequence[str], columns: dict[str, str],
                  plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None, *, uri: str,
-                 set_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+                 set_id: str, caption_columns: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
     """The whole subset as one stream (plus per-bucket sub-streams when asked); its sample map."""
     from streaming.base.util import merge_index
 
@@ -301,7 +309,7 @@ def _write_whole(staging: Path, lab: lance.LanceDataset, ids: Sequence[str], col
             jobs.append((folder, sub_ids[i::workers]))
     with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
         written = list(pool.map(lambda j: _write_part(lab, j[1], str(staging / j[0]), columns, plan, settings,
-                                                      encoder), jobs))
+                                                      encoder, caption_columns), jobs))
     bucket_streams = {}
     for sub in groups:
         if sub:
@@ -319,14 +327,15 @@ def _write_whole(staging: Path, lab: lance.LanceDataset, ids: Sequence[str], col
 
 def _write_delta(staging: Path, lab: lance.LanceDataset, delta: Delta, columns: dict[str, str],
                  plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None, *, uri: str,
-                 set_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+                 set_id: str, caption_columns: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
     """The previous set's streams as they are, plus one delta stream with the added samples."""
     from streaming.base.util import merge_index
 
     streams = [dict(s) for s in delta.previous.streams]
     if delta.added:
         folder = staging / "delta"
-        rows = _write_part(lab, delta.added, str(folder / "part-00000"), columns, plan, settings, encoder)
+        rows = _write_part(lab, delta.added, str(folder / "part-00000"), columns, plan, settings, encoder,
+                           caption_columns)
         merge_index(str(folder), keep_local=True)
         samples = sample_map(json.loads((folder / layout.MDS_INDEX).read_text()), [("part-00000", rows)])
         (folder / SAMPLES_FILE).write_bytes(parquet_bytes(samples))
@@ -383,7 +392,11 @@ def open_stream(uri: str, cache: str | None = None, **kwargs: Any) -> Any:
 
 
 def open_shard_set(manifest: ShardSetManifest | str, cache: str | None = None, **kwargs: Any) -> Any:
-    """A :class:`prx_assets.loader.PrxStreamingDataset` over a published set: every stream, skips honoured."""
+    """A :class:`prx_assets.loader.PrxStreamingDataset` over a published set: every stream, skips honoured.
+
+    ``batch_size`` defaults to 1 (iterating it directly); pass the DataLoader's when training.
+    """
+    kwargs.setdefault("batch_size", 1)
     from streaming.base.util import clean_stale_shared_memory
 
     from prx_assets.loader import PrxStreamingDataset
