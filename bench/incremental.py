@@ -35,6 +35,7 @@ from PIL import Image
 
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.curate.selection import content_digest
 from prx_assets.core.lab.schema import IMAGES_SCHEMA
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
@@ -65,6 +66,14 @@ def build_lab(root: DataRoot, n: int) -> lance.LanceDataset:
     ds = lance.dataset(uri)
     ds.create_scalar_index("image_id", "BTREE")  # as the lab has (lance_table indexes it)
     return lance.dataset(uri)
+
+
+def _digests(ds: lance.LanceDataset, ids: list[str]) -> pa.Table:
+    """The subset's ``ids.parquet`` as curation writes it: image id and content digest per image."""
+    t = ds.to_table(columns=["image_id", "sha256", "ingest_config"])
+    by_id = {i: content_digest(s, c, {}) for i, s, c in zip(t.column(0).to_pylist(), t.column(1).to_pylist(),
+                                                              t.column(2).to_pylist(), strict=True)}
+    return pa.table({"image_id": ids, "digest": [by_id[i] for i in ids]})
 
 
 def _subset(ds: lance.LanceDataset, name: str, n: int) -> SubsetManifest:
@@ -130,17 +139,19 @@ def run() -> dict[str, Any]:
         n_base = round(len(all_ids) / 1.01)
         base_ids, grown = all_ids[:n_base], all_ids
         settings = ShardSettings(workers=1)
+        base_digests, grown_digests = _digests(ds, base_ids), _digests(ds, grown)
         times: dict[str, list[float]] = {"full": [], "delta": []}
         bytes_: dict[str, int] = {}
         last_delta: ShardSetManifest | None = None
         for r in range(ROUNDS + 1):  # round 0 warms both sides up
             recipe = Recipe(name=f"r{r}")
             t = time.perf_counter()
-            base = write_shard_set(root, ds, recipe, _subset(ds, f"base{r}", len(base_ids)), base_ids, [], settings)
+            base = write_shard_set(root, ds, recipe, _subset(ds, f"base{r}", len(base_ids)), base_ids, [], settings,
+                                   digests=base_digests)
             t_full = time.perf_counter() - t
             t = time.perf_counter()
             delta = write_shard_set(root, ds, recipe, _subset(ds, f"grown{r}", len(grown)), grown, [], settings,
-                                    previous=base)
+                                    previous=base, digests=grown_digests)
             t_delta = time.perf_counter() - t
             assert delta.layout == "delta", delta.layout
             if r:
@@ -157,7 +168,7 @@ def run() -> dict[str, Any]:
         kept = [i for i in grown if i not in gone]
         recipe = Recipe(name=f"r{ROUNDS}")
         optout = write_shard_set(root, ds, recipe, _subset(ds, "optout", len(kept)), kept, [], settings,
-                                 previous=last_delta)
+                                 previous=last_delta, digests=_digests(ds, kept))
         unchanged = _files(last_delta) == before
         by_workers = epoch_with_workers(optout)
         by_ranks = epoch_on_two_ranks(optout, tmp)
