@@ -20,6 +20,7 @@ No Dagster import: this runs inside training jobs.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -63,7 +64,11 @@ def _skip_pairs(manifest: ShardSetManifest) -> list[tuple[int, int]]:
 
     import pyarrow.parquet as pq
 
-    t = pq.read_table(io.BytesIO(_read(manifest.skip_uri)), columns=["stream", "index"])
+    data = _read(manifest.skip_uri)
+    if manifest.skip_sha256 and hashlib.sha256(data).hexdigest() != manifest.skip_sha256:
+        raise ValueError(f"skip list {manifest.skip_uri} does not match the sha256 in shard set "
+                         f"{manifest.shard_set_id}'s manifest; the set was modified after publication: republish it")
+    t = pq.read_table(io.BytesIO(data), columns=["stream", "index"])
     return list(zip(t.column("stream").to_pylist(), t.column("index").to_pylist(), strict=True))
 
 

@@ -133,6 +133,7 @@ class ShardSetManifest(JsonRecord):
     #: Physical MDS streams, in order: {"uri", "samples", "role": "base" | "delta", "written_by"}.
     streams: tuple[dict[str, Any], ...] = ()
     skip_uri: str | None = None  # skip.parquet: (stream, index, image_id) never yielded
+    skip_sha256: str | None = None  # of skip.parquet's bytes: a reader can check what it applies
     skipped: int = 0
     layout: str = "full"  # "full": written whole; "delta": previous streams + one delta + skip list
     bytes_written: int = 0  # bytes this publication wrote (a delta writes only its new samples)

@@ -174,3 +174,14 @@ shards.write_shard_set(DataRoot({root.uri!r}), ds, Recipe(name="r"), sub, ids, [
     new_ids = ids[2:22]
     delta = write_shard_set(root, ds, recipe, _subset(ds, new_ids, "b"), new_ids, [], settings, previous=base)
     assert delta.layout == "delta" and sorted(s["image_id"] for s in open_shard_set(delta)) == new_ids
+
+
+def test_a_tampered_skip_list_is_refused(lab) -> None:
+    root, ds, ids = lab
+    recipe, settings = Recipe(name="r"), ShardSettings(workers=1)
+    base = write_shard_set(root, ds, recipe, _subset(ds, ids[:20], "a"), ids[:20], [], settings)
+    delta = write_shard_set(root, ds, recipe, _subset(ds, ids[1:20], "b"), ids[1:20], [], settings, previous=base)
+    assert delta.skip_uri and delta.skip_sha256
+    Path(delta.skip_uri).write_bytes(Path(delta.skip_uri).read_bytes() + b"\0")
+    with pytest.raises(ValueError, match="does not match the sha256"):
+        open_shard_set(delta)

@@ -22,6 +22,7 @@ the text encoder can change without rewriting shards. With ``ShardSettings.text_
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -81,8 +82,6 @@ class ShardSettings:
 
     def key(self) -> str:
         """Short identity of the settings that change the files."""
-        import hashlib
-
         tower = None if self.text_tower is None else [self.text_tower.tower(), self.text_tower.identity()]
         payload = json.dumps({"size_limit": self.size_limit, "compression": self.compression,
                               "hashes": list(self.hashes), "by_bucket": self.by_bucket,
@@ -193,8 +192,6 @@ def mds_columns(plan: dict[str, Any], encoder: TextEncoder | None = None) -> dic
 def shard_set_id(subset_id: str, settings: ShardSettings, plan: dict[str, Any]) -> str:
     """Identity of a shard set: what it holds (the subset's content id and the caption plan that
     picks the published captions) and how it is written (settings that change the files)."""
-    import hashlib
-
     plan_key = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:6]
     return f"{subset_id}-s{settings.key()}{plan_key}"
 
@@ -244,13 +241,16 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             streams, bucket_streams, writers = _write_whole(staging, lab, ids, columns, plan, settings, encoder,
                                                              uri=root.join(rel), set_id=set_id,
                                                              caption_columns=caption_columns)
-            skip_uri, skipped, shards_total = None, 0, len(json.loads((staging / layout.MDS_INDEX).read_text())["shards"])
+            skip_uri, skipped, skip_sha256 = None, 0, None
+            shards_total = len(json.loads((staging / layout.MDS_INDEX).read_text())["shards"])
         else:
             streams, bucket_streams, writers = _write_delta(staging, lab, delta, columns, plan, settings, encoder,
                                                             uri=root.join(rel), set_id=set_id,
                                                             caption_columns=caption_columns)
-            (staging / SKIP_FILE).write_bytes(parquet_bytes(delta.skip))
+            skip_bytes = parquet_bytes(delta.skip)
+            (staging / SKIP_FILE).write_bytes(skip_bytes)
             skip_uri, skipped = root.join(rel, SKIP_FILE), delta.skip.num_rows
+            skip_sha256 = hashlib.sha256(skip_bytes).hexdigest()
             shards_total = delta.previous.shards + (len(json.loads((staging / "delta" / layout.MDS_INDEX)
                                                                    .read_text())["shards"]) if delta.added else 0)
         files = sorted(p for p in staging.rglob("*") if p.is_file())
@@ -272,7 +272,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
                 "columns": {c: [latent_column(c, encoder.spec.tower()), mask_column(c, encoder.spec.tower())]
                             for c in plan["columns"]}},
             bucket_streams=bucket_streams, uri=root.join(rel), seconds=round(time.perf_counter() - started, 3),
-            streams=tuple(streams), skip_uri=skip_uri, skipped=skipped,
+            streams=tuple(streams), skip_uri=skip_uri, skip_sha256=skip_sha256, skipped=skipped,
             layout="full" if delta is None else "delta", bytes_written=written_bytes,
             extra={**dict(lineage or {}), **({"previous_shard_set_id": delta.previous.shard_set_id,
                                               "added": len(delta.added), "removed": delta.removed}
