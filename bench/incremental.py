@@ -94,8 +94,8 @@ def _rank_epoch(manifest_uri: str, rank: int, port: int, out: str) -> None:
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     from prx_assets.core.publish.shards import open_shard_set
 
-    ds = open_shard_set(manifest_uri, shuffle=True, shuffle_seed=5, batch_size=8)
-    Path(out).write_text(json.dumps([s["image_id"] for s in ds]))
+    with open_shard_set(manifest_uri, shuffle=True, shuffle_seed=5, batch_size=8) as ds:
+        Path(out).write_text(json.dumps([s["image_id"] for s in ds]))
 
 
 def epoch_with_workers(manifest: ShardSetManifest, workers: int = 2) -> list[str]:
@@ -104,9 +104,9 @@ def epoch_with_workers(manifest: ShardSetManifest, workers: int = 2) -> list[str
 
     from prx_assets.core.publish.shards import open_shard_set
 
-    ds = open_shard_set(manifest, shuffle=True, shuffle_seed=5, batch_size=8)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="spawn")
-    return [s["image_id"] for s in loader]
+    with open_shard_set(manifest, shuffle=True, shuffle_seed=5, batch_size=8) as ds:
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="spawn")
+        return [s["image_id"] for s in loader]
 
 
 def epoch_on_two_ranks(manifest: ShardSetManifest, tmp: Path) -> list[str]:

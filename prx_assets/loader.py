@@ -115,6 +115,38 @@ def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec
                            epoch_size=spec.epoch_size if spec is not None else None)
 
 
+def release_shared_memory(dataset: StreamingDataset) -> None:
+    """Close and unlink the shared memory a ``StreamingDataset`` created in this process.
+
+    mosaicml-streaming registers every block with ``atexit``, so a process that opens many
+    datasets (a Dagster run checking shard sets, a test session) would hold their file
+    descriptors until it exits. Call this when done with a dataset that no worker or rank
+    still uses.
+    """
+    import atexit
+
+    from streaming.base.shared.memory import SharedMemory
+
+    seen: set[int] = set()
+
+    def walk(obj: Any, depth: int) -> None:
+        if id(obj) in seen or depth > 3:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, SharedMemory):
+            atexit.unregister(obj.cleanup)
+            obj.cleanup()
+            return
+        for value in getattr(obj, "__dict__", {}).values():
+            if type(value).__module__.startswith("streaming.base.shared"):
+                walk(value, depth + 1)
+
+    for name in ("_locals_shm", "_shared_barrier", "_next_epoch", "_cache_usage", "_shard_states",
+                 "_shard_access_times", "_resume_shm"):
+        if hasattr(dataset, name):
+            walk(getattr(dataset, name), 0)
+
+
 class PrxStreamingDataset(StreamingDataset):
     """``StreamingDataset`` over PRX shard sets (or a mixture spec) that honours their skip lists."""
 
@@ -131,6 +163,16 @@ class PrxStreamingDataset(StreamingDataset):
         offsets = self.sample_offset_per_stream
         self.skipped_ids = frozenset(int(offsets[s]) + int(i) for s, i in resolved.skip)
         self.live_samples = int(self.num_samples) - len(self.skipped_ids)
+
+    def close(self) -> None:
+        """Release this process's shared memory of the dataset (see :func:`release_shared_memory`)."""
+        release_shared_memory(self)
+
+    def __enter__(self) -> PrxStreamingDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def live_indices(self) -> Iterator[int]:
         """Every sample index an epoch over all streams yields (for random access and checks)."""

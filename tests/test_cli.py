@@ -164,6 +164,7 @@ def test_mds_shard_sets_read_back_exactly(small_demo: Path, capsys: pytest.Captu
 
     from prx_assets.core.config.project import data_root
     from prx_assets.core.publish.shards import open_stream
+    from prx_assets.loader import release_shared_memory
 
     assert main(["run"]) == 0
     out = capsys.readouterr().out
@@ -192,6 +193,7 @@ def test_mds_shard_sets_read_back_exactly(small_demo: Path, capsys: pytest.Captu
                            filter=f"image_id = '{s['image_id']}'").to_pylist()[0]
         assert s["image"] == row["jpeg"] and s["original_width"] == row["orig_width"]
         assert all(s[mds_col] == row[lab_col] for mds_col, lab_col in sources.items())
+    release_shared_memory(sds)
     subset_ids = json.loads(root.read_bytes(f"curated/demo_square_ish/{manifest['subset_id']}/subset.json"))
     assert sorted(ids) == sorted(set(ids)) and len(ids) == subset_ids["selected"]
     assert main(["run"]) == 0

@@ -113,7 +113,8 @@ def test_unchanged_inputs_create_nothing_new_and_ids_are_reproducible(
     manifest = read_shard_set_manifest(root_b, "demo_all", set_id)
     assert manifest.layout == "delta" and manifest.skipped == 2 and manifest.samples == len(subset_ids) - 2
     assert {p: p.read_bytes() for p in base_dir.rglob("*") if p.is_file()} == before  # nothing rewritten
-    yielded = [s["image_id"] for s in open_shard_set(manifest)]
+    with open_shard_set(manifest) as sds:
+        yielded = [s["image_id"] for s in sds]
     assert sorted(yielded) == sorted(set(subset_ids) - set(gone))
     assert main(["lineage", set_id]) == 0
     text = capsys.readouterr().out

@@ -152,16 +152,16 @@ def shard_set_pictures(manifest: ShardSetManifest) -> dict[str, dg.MetadataValue
 
     cache = tempfile.mkdtemp(prefix="prx-mds-sheet-") if "://" in manifest.uri else None
     try:
-        sds = open_shard_set(manifest, cache=cache)
-        n = sds.live_samples
-        step = max(1, int(sds.num_samples) // SHEET_SIZE)
-        picks = [i for i in range(0, int(sds.num_samples), step) if i not in sds.skipped_ids][:SHEET_SIZE]
-        caption_key = next(iter(manifest.caption_plan.get("columns") or {}), "")
-        rows = []
-        for i in picks:
-            s = sds[i]
-            rows.append({"jpeg": s["image"], "image_id": s["image_id"], "width": s["width"], "height": s["height"],
-                         "caption": s.get(caption_key, "") if caption_key else ""})
+        with open_shard_set(manifest, cache=cache) as sds:
+            n = sds.live_samples
+            step = max(1, int(sds.num_samples) // SHEET_SIZE)
+            picks = [i for i in range(0, int(sds.num_samples), step) if i not in sds.skipped_ids][:SHEET_SIZE]
+            caption_key = next(iter(manifest.caption_plan.get("columns") or {}), "")
+            rows = []
+            for i in picks:
+                s = sds[i]
+                rows.append({"jpeg": s["image"], "image_id": s["image_id"], "width": s["width"],
+                             "height": s["height"], "caption": s.get(caption_key, "") if caption_key else ""})
         return {"contact_sheet": _sheet(rows, "caption", f"{len(rows)} of {n} samples read back from the shards")}
     except Exception as e:
         return {"contact_sheet": dg.MetadataValue.text(f"could not draw: {type(e).__name__}: {e}")}

@@ -147,6 +147,7 @@ def test_errors_name_the_column_and_the_captioner(lab, tmp_path: Path) -> None:
 def test_shard_set_with_one_sub_stream_per_bucket(lab) -> None:
     from prx_assets.core.curate.subsets import read_subset, write_subset
     from prx_assets.core.publish.shards import ShardSettings, open_stream, write_shard_set
+    from prx_assets.loader import release_shared_memory
 
     root, _ = lab
     ds = lance.dataset(table_uri(root, "images"))
@@ -157,10 +158,12 @@ def test_shard_set_with_one_sub_stream_per_bucket(lab) -> None:
     assert m.samples == len(ids) and sum(s["samples"] for s in m.bucket_streams.values()) == len(ids)
     whole = open_stream(m.uri)
     assert sorted(whole[i]["image_id"] for i in range(len(whole))) == ids
+    release_shared_memory(whole)
     for sub, info in m.bucket_streams.items():
         part = open_stream(f"{m.uri}/{info['path']}")
         assert len(part) == info["samples"]
         buckets = {part[i]["aspect_bucket"] for i in range(len(part))}
         assert len(buckets) == 1 and sub == "bucket_" + buckets.pop().replace(":", "x")
+        release_shared_memory(part)
     again = write_shard_set(root, ds, recipe, manifest, ids, [], ShardSettings(by_bucket=True, workers=2))
     assert again == m  # already published: reused, not rewritten

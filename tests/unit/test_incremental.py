@@ -36,10 +36,10 @@ def _epoch(manifest: ShardSetManifest, workers: int = 2) -> list[str]:
     """Every image id one epoch yields through DataLoader workers (spawned, as the trainer does)."""
     import torch
 
-    ds = open_shard_set(manifest, shuffle=True, shuffle_seed=3, batch_size=4)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
-                                         multiprocessing_context="spawn" if workers else None)
-    return [s["image_id"] for s in loader]
+    with open_shard_set(manifest, shuffle=True, shuffle_seed=3, batch_size=4) as ds:
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
+                                             multiprocessing_context="spawn" if workers else None)
+        return [s["image_id"] for s in loader]
 
 
 def test_small_change_publishes_a_delta_and_a_skip_list(lab) -> None:
@@ -95,8 +95,8 @@ def test_changed_content_is_a_removal_plus_an_addition(lab) -> None:
                           lance_version=ds2.version, ids="", selected=len(ids), caption_columns=("caption__c_1",))
     delta = write_shard_set(root, ds2, recipe, sub2, ids, ["c-1"], settings, previous=base)
     assert delta.layout == "delta" and delta.skipped == 1 and delta.extra["added"] == 1
-    sds = open_shard_set(delta)
-    captions = {sds[i]["image_id"]: sds[i]["caption"] for i in sds.live_indices()}
+    with open_shard_set(delta) as sds:
+        captions = {sds[i]["image_id"]: sds[i]["caption"] for i in sds.live_indices()}
     assert len(captions) == len(ids) and captions[ids[5]].startswith("a different caption")
 
 
@@ -120,8 +120,8 @@ def test_delta_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]) -> Non
     assert delta.layout == "delta" and delta.uri.startswith("s3://")
     after = keys()
     assert {k: after[k] for k in before} == before  # nothing published before was rewritten
-    sds = open_shard_set(delta, cache=str(tmp_path / "cache"), batch_size=4)
-    assert sorted(s["image_id"] for s in sds) == new_ids
+    with open_shard_set(delta, cache=str(tmp_path / "cache"), batch_size=4) as sds:
+        assert sorted(s["image_id"] for s in sds) == new_ids
 
 
 def test_a_delta_killed_mid_publish_is_never_half_visible(lab, tmp_path: Path) -> None:
@@ -173,7 +173,8 @@ shards.write_shard_set(DataRoot({root.uri!r}), ds, Recipe(name="r"), sub, ids, [
     assert _files(Path(base.uri)) == before
     new_ids = ids[2:22]
     delta = write_shard_set(root, ds, recipe, _subset(ds, new_ids, "b"), new_ids, [], settings, previous=base)
-    assert delta.layout == "delta" and sorted(s["image_id"] for s in open_shard_set(delta)) == new_ids
+    with open_shard_set(delta) as sds:
+        assert delta.layout == "delta" and sorted(s["image_id"] for s in sds) == new_ids
 
 
 def test_a_tampered_skip_list_is_refused(lab) -> None:
@@ -185,3 +186,17 @@ def test_a_tampered_skip_list_is_refused(lab) -> None:
     Path(delta.skip_uri).write_bytes(Path(delta.skip_uri).read_bytes() + b"\0")
     with pytest.raises(ValueError, match="does not match the sha256"):
         open_shard_set(delta)
+
+
+def test_reading_sets_back_does_not_leak_file_descriptors(lab) -> None:
+    """mosaicml-streaming keeps every shared-memory block open until exit; the read-back check and
+    pictures release theirs, so a long-running process can check thousands of sets."""
+    import os
+
+    root, ds, ids = lab
+    m = write_shard_set(root, ds, Recipe(name="r"), _subset(ds, ids[:10], "a"), ids[:10], [], ShardSettings())
+    verify_shard_set(m, ds)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        assert verify_shard_set(m, ds).passed
+    assert len(os.listdir("/proc/self/fd")) <= before + 2

@@ -427,19 +427,19 @@ def verify_shard_set(manifest: ShardSetManifest, lab: lance.LanceDataset, sample
     the set has them) and a sample of images byte-identical to the lab version."""
     import numpy as np
 
-    sds = open_shard_set(manifest, cache=cache, validate_hash=manifest.validate_hash)
-    n = sds.live_samples
-    rng = np.random.default_rng(seed)
-    picks: list[int] = []
-    for i in rng.permutation(int(sds.num_samples)):  # a sample of live indices, without listing them all
-        if int(i) not in sds.skipped_ids:
-            picks.append(int(i))
-        if len(picks) >= min(sample, n):
-            break
-    mismatched = []
-    for i in picks:
-        s = sds[int(i)]
-        row = lab.to_table(columns=["jpeg"], filter=where_eq("image_id", s["image_id"]))
-        if row.num_rows != 1 or row.column(0)[0].as_py() != s["image"]:
-            mismatched.append(s["image_id"])
+    with open_shard_set(manifest, cache=cache, validate_hash=manifest.validate_hash) as sds:
+        n = sds.live_samples
+        rng = np.random.default_rng(seed)
+        picks: list[int] = []
+        for i in rng.permutation(int(sds.num_samples)):  # a sample of live indices, without listing them all
+            if int(i) not in sds.skipped_ids:
+                picks.append(int(i))
+            if len(picks) >= min(sample, n):
+                break
+        mismatched = []
+        for i in picks:
+            s = sds[int(i)]
+            row = lab.to_table(columns=["jpeg"], filter=where_eq("image_id", s["image_id"]))
+            if row.num_rows != 1 or row.column(0)[0].as_py() != s["image"]:
+                mismatched.append(s["image_id"])
     return Verification(samples=n, expected=manifest.samples, checked=len(picks), mismatched=mismatched)
