@@ -1,6 +1,7 @@
 """A wheel install (not editable) runs the demo from another folder: templates and config ship inside."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -12,9 +13,16 @@ REPO = Path(__file__).parents[1]
 def test_built_wheel_runs_the_demo_from_another_folder(tmp_path: Path, tiny_models: dict[str, str]) -> None:
     py = sys.executable
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRX_", "DAGSTER_HOME", "PYTHONPATH"))}
+    # Build from the tracked files only (what a clean clone has), outside the checkout.
+    src = tmp_path / "src"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for rel in filter(None, tracked.decode().split("\0")):
+        if (REPO / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
     wheels = tmp_path / "wheels"
     build = subprocess.run([py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                            str(REPO)], capture_output=True, text=True, timeout=600)
+                            str(src)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = wheels.glob("prx_assets-*.whl")
 

@@ -1,1 +1,0 @@
-"""Project configuration: the config folder, ``sources.yaml`` and where data lives."""

@@ -1,1 +1,0 @@
-"""Curation: recipes, subset selection and persisted subsets."""

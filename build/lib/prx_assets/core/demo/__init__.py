@@ -1,1 +1,0 @@
-"""Demo tooling: the generated demo corpus and tiny offline models (not used by the pipeline)."""

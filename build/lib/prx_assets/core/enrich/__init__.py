@@ -1,1 +1,0 @@
-"""Enrichment: incremental per-image captions and embeddings, caption quality."""

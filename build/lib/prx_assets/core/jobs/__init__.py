@@ -1,1 +1,0 @@
-"""Jobs on a cluster: the job-script renderer, SLURM output parsers, and executors (SLURM, local)."""

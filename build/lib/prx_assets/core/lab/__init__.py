@@ -1,1 +1,0 @@
-"""The lab: the Lance tables, their schema, column sync, queries and maintenance."""

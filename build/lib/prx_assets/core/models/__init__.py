@@ -1,1 +1,0 @@
-"""Models: captioners (Qwen3-VL), image embedders, text encoders and ``models.yaml``."""

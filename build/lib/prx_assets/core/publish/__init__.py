@@ -1,1 +1,0 @@
-"""Publishing: MDS shard sets and training mixtures."""
