@@ -135,19 +135,21 @@ def selected_keys(defs: dg.Definitions, select: str | None) -> list[dg.AssetKey]
 
 
 def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | None,
-             keys: list[dg.AssetKey] | None = None,
-             skipped: dict[str, str] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
+             keys: list[dg.AssetKey] | None = None, skipped: dict[str, str] | None = None,
+             orphans: dict[str, dict[str, str]] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
     """Missing or stale (asset, partition) pairs of the selection (or ``keys``), in dependency order.
 
     Partitions that nothing backs any more (see ``orphan_partitions``) are left out; when
-    ``skipped`` is given it receives ``{"asset[partition]": why}`` for each.
+    ``skipped`` is given it receives ``{"asset[partition]": why}`` for each. ``orphans`` (from
+    ``orphan_partitions``) spares listing them again when a run plans asset by asset.
     """
     from prx_assets.defs.partitions import is_orphan, orphan_partitions
     from prx_assets.defs.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
 
     order = keys if keys is not None else selected_keys(defs, select)
     root = _root()
-    orphans = orphan_partitions(instance, ProjectConfigResource(), root)
+    if orphans is None:
+        orphans = orphan_partitions(instance, ProjectConfigResource(), root)
     ctx = FingerprintContext(root=root, sources=load_sources(), instance=instance,
                              models=_models_config())
     plan: list[tuple[dg.AssetKey, str | None]] = []
@@ -212,12 +214,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Materialize missing or stale partitions in dependency order."""
     from prx_assets.definitions import defs
     from prx_assets.defs.ingest import discover_batches
+    from prx_assets.defs.partitions import orphan_partitions
 
     instance = _instance()
     reports = discover_batches(_root(), load_sources())
     register_partitions(instance, reports)
     skipped: dict[str, str] = {}
-    plan = plan_run(defs, instance, args.select, skipped=skipped)
+    orphans = orphan_partitions(instance, ProjectConfigResource(), _root())
+    plan = plan_run(defs, instance, args.select, skipped=skipped, orphans=orphans)
     _report_skipped(skipped)
     if not plan:
         print("everything is up to date")
@@ -234,7 +238,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for key in selected_keys(defs, args.select):
         planned = sum(1 for k, _ in plan if k == key)
         # Re-plan each asset just before it runs: its upstream may have changed in this run.
-        todo = plan_run(defs, instance, None, keys=[key])
+        todo = plan_run(defs, instance, None, keys=[key], orphans=orphans)
         total += max(0, len(todo) - planned)
         for _, pk in todo:
             done += 1

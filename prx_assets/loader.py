@@ -21,17 +21,24 @@ No Dagster import: this runs inside training jobs.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from streaming import Stream, StreamingDataset
 
-from prx_assets.core.config.storage import DataRoot, ObjectStoreSettings
-from prx_assets.core.manifests import MixtureSpec, MixtureStream, ShardSetManifest
+from prx_assets.core.config.storage import read_uri
+from prx_assets.core.manifests import (
+    MixtureSpec,
+    MixtureStream,
+    ShardSetManifest,
+    read_mixture_spec_at,
+    read_shard_set_at,
+)
 
 
 @dataclass(frozen=True)
@@ -44,27 +51,22 @@ class ResolvedStreams:
     epoch_size: int | None = None
 
 
-def _read(uri: str) -> bytes:
-    base, _, name = uri.rpartition("/")
-    return DataRoot(base or "/", ObjectStoreSettings.from_env()).read_bytes(name)
+def streaming_endpoint() -> None:
+    """Point mosaicml-streaming at ``AWS_ENDPOINT_URL`` (it reads ``S3_ENDPOINT_URL``) when one is set."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        os.environ.setdefault("S3_ENDPOINT_URL", endpoint)
 
 
 def read_manifest(shard_set: str | ShardSetManifest) -> ShardSetManifest:
     """A shard set's manifest from its folder or ``manifest.json`` (local or object store)."""
-    if isinstance(shard_set, ShardSetManifest):
-        return shard_set
-    uri = shard_set if shard_set.endswith("manifest.json") else f"{shard_set.rstrip('/')}/manifest.json"
-    return ShardSetManifest.from_json(_read(uri), uri)
+    return shard_set if isinstance(shard_set, ShardSetManifest) else read_shard_set_at(shard_set)
 
 
 def _skip_pairs(manifest: ShardSetManifest) -> list[tuple[int, int]]:
     if not manifest.skip_uri:
         return []
-    import io
-
-    import pyarrow.parquet as pq
-
-    data = _read(manifest.skip_uri)
+    data = read_uri(manifest.skip_uri)
     if manifest.skip_sha256 and hashlib.sha256(data).hexdigest() != manifest.skip_sha256:
         raise ValueError(f"skip list {manifest.skip_uri} does not match the sha256 in shard set "
                          f"{manifest.shard_set_id}'s manifest; the set was modified after publication: republish it")
@@ -153,9 +155,10 @@ class PrxStreamingDataset(StreamingDataset):
     def __init__(self, *, shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec | str | None = None,
                  cache_root: str | None = None, **kwargs: Any) -> None:
         if isinstance(spec, str):
-            spec = MixtureSpec.from_json(_read(spec) if "://" in spec else Path(spec).read_bytes(), spec)
+            spec = read_mixture_spec_at(spec)
         if not shard_sets and spec is None:
             raise ValueError("PrxStreamingDataset needs shard_sets=[folder or URI, ...] or spec=<mixture spec>")
+        streaming_endpoint()
         resolved = resolve(shard_sets, spec, cache_root)
         if resolved.epoch_size is not None:
             kwargs.setdefault("epoch_size", resolved.epoch_size)

@@ -18,33 +18,31 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prx_assets.core import layout
-from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.config.storage import DataRoot, read_uri
 from prx_assets.core.curate.subsets import read_subset_manifest
 from prx_assets.core.lab.sql import open_pinned
-from prx_assets.core.manifests import MixtureSpec, ShardSetManifest, SubsetManifest
-
-
-def read_uri(uri: str, root: DataRoot) -> bytes:
-    """The bytes of an absolute path or URI (local or ``s3://``, with ``root``'s credentials)."""
-    base, _, name = uri.rpartition("/")
-    return DataRoot(base or "/", root.settings).read_bytes(name)
+from prx_assets.core.manifests import (
+    MixtureSpec,
+    ShardSetManifest,
+    SubsetManifest,
+    read_mixture_spec_at,
+    read_shard_set_at,
+)
 
 
 def read_shard_set(uri: str, root: DataRoot) -> ShardSetManifest:
-    """A shard set's manifest by folder, ``manifest.json`` path or URI (local or ``s3://``)."""
-    path = layout.manifest_of(uri)
-    return ShardSetManifest.from_json(read_uri(path, root), path)
+    """A shard set's manifest by folder, ``manifest.json`` path or URI (with ``root``'s credentials)."""
+    return read_shard_set_at(uri, root.settings)
 
 
 def read_mixture_spec(uri: str, root: DataRoot) -> MixtureSpec:
-    """A mixture spec by absolute path or URI (local or ``s3://``)."""
-    return MixtureSpec.from_json(read_uri(uri, root), uri)
+    """A mixture spec by absolute path or URI (with ``root``'s credentials)."""
+    return read_mixture_spec_at(uri, root.settings)
 
 
 def sources_of_subset(root: DataRoot, subset: SubsetManifest) -> dict[str, dict[str, Any]]:
     """Per source: images in the subset and the ingest batches they came from (at the pinned version)."""
-    ids = pq.read_table(io.BytesIO(read_uri(subset.ids, root))).column("image_id")
+    ids = pq.read_table(io.BytesIO(read_uri(subset.ids, root.settings))).column("image_id")
     ds = open_pinned(subset, root.storage_options())
     t = ds.to_table(columns=["image_id", "source", "batch", "uri"])
     t = t.filter(pc.is_in(t.column("image_id"), value_set=pa.array(ids.to_pylist(), pa.string())))

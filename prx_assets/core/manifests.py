@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+from prx_assets.core import layout
+from prx_assets.core.config.storage import ObjectStoreSettings, read_uri
 from prx_assets.errors import PrxError
 
 T = TypeVar("T", bound="JsonRecord")
@@ -215,3 +217,14 @@ class MixtureSpec(JsonRecord):
     def versioned(self) -> MixtureSpec:
         """This spec with ``mixture_version`` set from its content."""
         return dataclasses.replace(self, mixture_version=self.content_version())
+
+
+def read_shard_set_at(folder_or_manifest: str, settings: ObjectStoreSettings | None = None) -> ShardSetManifest:
+    """A shard set's manifest by its folder or ``manifest.json`` path/URI (local or object store)."""
+    uri = layout.manifest_of(folder_or_manifest)
+    return ShardSetManifest.from_json(read_uri(uri, settings), uri)
+
+
+def read_mixture_spec_at(uri: str, settings: ObjectStoreSettings | None = None) -> MixtureSpec:
+    """A mixture spec by absolute path or URI (local or object store)."""
+    return MixtureSpec.from_json(read_uri(uri, settings), uri)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -130,8 +129,6 @@ def build_dataset(spec: MixtureSpec, *, batch_size: int, resolution: int, multip
     """
     from streaming.base.util import clean_stale_shared_memory
 
-    if os.environ.get("AWS_ENDPOINT_URL"):
-        os.environ.setdefault("S3_ENDPOINT_URL", os.environ["AWS_ENDPOINT_URL"])
     clean_stale_shared_memory()
     options = SampleOptions(resolution=resolution, multiple=multiple, caption_plans=caption_plans(spec),
                             caption_seed=caption_seed, tower=tower)

@@ -216,3 +216,10 @@ class DataRoot:
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 yield obj["Key"][len(root_key):]
+
+
+def read_uri(uri: str, settings: ObjectStoreSettings | None = None) -> bytes:
+    """The bytes of a file by absolute path or URI (local or object store); object-store settings
+    default to the environment's."""
+    base, _, name = uri.rpartition("/")
+    return DataRoot(base or "/", settings or ObjectStoreSettings.from_env()).read_bytes(name)

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.config.storage import DataRoot, read_uri
 from prx_assets.core.curate.selection import content_digest
 from prx_assets.core.manifests import ShardSetManifest
 
@@ -61,8 +61,7 @@ def uri_join(base: str, name: str) -> str:
 
 def read_table_at(uri: str, root: DataRoot) -> pa.Table:
     """A Parquet file by absolute path or URI (local or object store, with ``root``'s credentials)."""
-    base, _, name = uri.rpartition("/")
-    return pq.read_table(io.BytesIO(DataRoot(base or "/", root.settings).read_bytes(name)))
+    return pq.read_table(io.BytesIO(read_uri(uri, root.settings)))
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
@@ -81,11 +80,6 @@ class Delta:
     skip: pa.Table  # stream, index, image_id: every sample of the previous streams not to yield
     removed: int  # newly skipped by this change
 
-    @property
-    def live_from_previous(self) -> int:
-        """Samples of the previous streams still yielded."""
-        return sum(int(s["samples"]) for s in self.previous.streams) - self.skip.num_rows
-
 
 def live_samples(root: DataRoot, manifest: ShardSetManifest) -> pa.Table | None:
     """``image_id``, ``digest``, ``stream``, ``index`` of every sample the set yields; ``None`` for sets
@@ -94,7 +88,7 @@ def live_samples(root: DataRoot, manifest: ShardSetManifest) -> pa.Table | None:
     for i, s in enumerate(manifest.streams):
         try:
             t = read_table_at(uri_join(s["uri"], SAMPLES_FILE), root)
-        except (FileNotFoundError, OSError):
+        except OSError:  # no sample map: written before they existed
             return None
         parts.append(t.append_column("stream", pa.array([i] * t.num_rows, pa.int32()))
                      .append_column("index", pa.array(range(t.num_rows), pa.int64())))
@@ -107,11 +101,12 @@ def live_samples(root: DataRoot, manifest: ShardSetManifest) -> pa.Table | None:
     return table
 
 
-def plan_delta(root: DataRoot, previous: ShardSetManifest | None, new: pa.Table, *,
-               compatible: bool, compact_above: float = COMPACT_ABOVE) -> Delta | None:
-    """The delta from ``previous`` to the subset ``new`` (``image_id``, ``digest``), or ``None`` when
-    the set must be written whole (no previous set, incompatible layout, or past the compaction rule)."""
-    if previous is None or not compatible or not previous.streams:
+def plan_delta(root: DataRoot, previous: ShardSetManifest, new: pa.Table,
+               compact_above: float = COMPACT_ABOVE) -> Delta | None:
+    """The delta from ``previous`` (a set with the same layout and settings) to the subset ``new``
+    (``image_id``, ``digest``), or ``None`` when the set must be written whole (no sample maps,
+    or past the compaction rule)."""
+    if not previous.streams:
         return None
     live = live_samples(root, previous)
     if live is None:

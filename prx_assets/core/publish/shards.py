@@ -228,10 +228,11 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
         and previous.caption_plan == plan and \
         {k: previous.settings.get(k) for k in written_settings} == written_settings
     caption_columns = tuple(subset_manifest.caption_columns)
-    if compatible and (digests is None or "digest" not in digests.column_names):
-        digests = subset_digests(lab, ids, caption_columns)
-    delta = plan_delta(root, previous, digests.select(["image_id", "digest"]), compatible=compatible,
-                       compact_above=compact_above) if compatible and digests is not None else None
+    delta = None
+    if compatible and previous is not None:
+        if digests is None or "digest" not in digests.column_names:
+            digests = subset_digests(lab, ids, caption_columns)
+        delta = plan_delta(root, previous, digests.select(["image_id", "digest"]), compact_above)
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
         Path(root.join(layout.shard_set_staging(recipe.name, set_id, uuid.uuid4().hex[:8])))
@@ -370,22 +371,18 @@ def _publish(root: DataRoot, staging: Path, rel: str) -> None:
         root.write_bytes(f"{rel}/{p.relative_to(staging).as_posix()}", p.read_bytes())
 
 
-def _streaming_endpoint() -> None:
-    endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:  # mosaicml-streaming reads its endpoint from S3_ENDPOINT_URL
-        os.environ.setdefault("S3_ENDPOINT_URL", endpoint)
-
-
 def open_stream(uri: str, cache: str | None = None, **kwargs: Any) -> Any:
     """A plain ``StreamingDataset`` over one MDS folder (a stream with its own ``index.json``, such as
     a set written whole or a bucket sub-stream). Published sets: use :func:`open_shard_set`."""
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
+    from prx_assets.loader import streaming_endpoint
+
     clean_stale_shared_memory()
     if uri.startswith("s3://"):
         split_s3(uri)
-        _streaming_endpoint()
+        streaming_endpoint()
         local = cache or tempfile.mkdtemp(prefix="prx-mds-cache-")
         return StreamingDataset(remote=uri, local=local, **kwargs)
     return StreamingDataset(local=uri, **kwargs)
@@ -402,7 +399,6 @@ def open_shard_set(manifest: ShardSetManifest | str, cache: str | None = None, *
     from prx_assets.loader import PrxStreamingDataset
 
     clean_stale_shared_memory()
-    _streaming_endpoint()
     return PrxStreamingDataset(shard_sets=[manifest], cache_root=cache, **kwargs)
 
 
