@@ -7,8 +7,9 @@ set plus 1% new; small real JPEGs, no pixels decoded), through ``write_shard_set
   as a delta on top of it (alternating, after a warm-up of each): bytes written and wall time;
 - opting out 100 images: no file of the published streams changes, and one epoch read with
   DataLoader workers (2) and with 2 ranks (two processes) never yields them;
-- a new caption column: reported as what it costs today (sidecar column streams are not built
-  yet, so the set is written whole).
+- a new caption column (a second captioner added to the recipe's caption mix): the sidecar
+  publish next to writing the wider set whole (alternating): bytes and time, image bytes
+  rewritten (must be 0), and a read-back of joined samples against the lab.
 
 ``python -m bench incremental`` prints a table; ``--json`` ends with one JSON line.
 """
@@ -39,7 +40,7 @@ from prx_assets.core.curate.selection import content_digest
 from prx_assets.core.lab.schema import IMAGES_SCHEMA
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
-from prx_assets.core.publish.shards import ShardSettings, write_shard_set
+from prx_assets.core.publish.shards import ShardSettings, verify_shard_set, write_shard_set
 
 ROWS = int(os.environ.get("PRX_BENCH_INCREMENTAL_ROWS", "20200"))
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
@@ -68,17 +69,62 @@ def build_lab(root: DataRoot, n: int) -> lance.LanceDataset:
     return lance.dataset(uri)
 
 
-def _digests(ds: lance.LanceDataset, ids: list[str]) -> pa.Table:
+def _digests(ds: lance.LanceDataset, ids: list[str], caption_columns: tuple[str, ...] = ()) -> pa.Table:
     """The subset's ``ids.parquet`` as curation writes it: image id and content digest per image."""
-    t = ds.to_table(columns=["image_id", "sha256", "ingest_config"])
-    by_id = {i: content_digest(s, c, {}) for i, s, c in zip(t.column(0).to_pylist(), t.column(1).to_pylist(),
-                                                              t.column(2).to_pylist(), strict=True)}
+    t = ds.to_table(columns=["image_id", "sha256", "ingest_config", *caption_columns])
+    caps = [t.column(c).to_pylist() for c in caption_columns]
+    by_id = {i: content_digest(s, c, {col: vals[k] for col, vals in zip(caption_columns, caps, strict=True)})
+             for k, (i, s, c) in enumerate(zip(t.column(0).to_pylist(), t.column(1).to_pylist(),
+                                               t.column(2).to_pylist(), strict=True))}
     return pa.table({"image_id": ids, "digest": [by_id[i] for i in ids]})
 
 
-def _subset(ds: lance.LanceDataset, name: str, n: int) -> SubsetManifest:
+def _subset(ds: lance.LanceDataset, name: str, n: int, caption_columns: tuple[str, ...] = ()) -> SubsetManifest:
     return SubsetManifest(subset_id=name, recipe="bench", recipe_hash="", lance_uri=ds.uri,
-                          lance_version=ds.version, ids="", selected=n)
+                          lance_version=ds.version, ids="", selected=n, caption_columns=caption_columns)
+
+
+def caption_column_cost(ds: lance.LanceDataset, root: DataRoot, ids: list[str],
+                        settings: ShardSettings) -> dict[str, Any]:
+    """Publish a set captioned by ``a``, then add captioner ``b`` to its mix: the sidecar publish vs
+    writing the wider set whole, alternating over the rounds (after a warm-up of each)."""
+    ds.add_columns({"caption__a_1": "concat('a photo of item ', image_id)",
+                    "caption__b_1": "concat('tags: bench, item ', image_id, ', square')"})
+    ds = lance.dataset(ds.uri)
+    one, two = ("caption__a_1",), ("caption__a_1", "caption__b_1")
+    narrow_recipe = Recipe(name="cap", caption_mix=(("a", 1.0),))
+    wide_recipe = Recipe(name="cap", caption_mix=(("a", 0.5), ("b", 0.5)))
+    d_one, d_two = _digests(ds, ids, one), _digests(ds, ids, two)
+    times: dict[str, list[float]] = {"whole": [], "sidecar": []}
+    for r in range(ROUNDS + 1):
+        narrow = write_shard_set(root, ds, Recipe(name=f"cap{r}", caption_mix=narrow_recipe.caption_mix),
+                                 _subset(ds, f"narrow{r}", len(ids), one), ids, ["a-1", "b-1"], settings,
+                                 digests=d_one)
+        before = _files(narrow)
+        t = time.perf_counter()
+        wide = write_shard_set(root, ds, Recipe(name=f"cap{r}", caption_mix=wide_recipe.caption_mix),
+                               _subset(ds, f"wide{r}", len(ids), two), ids, ["a-1", "b-1"], settings,
+                               previous=narrow, digests=d_two)
+        t_side = time.perf_counter() - t
+        assert wide.layout == "delta" and wide.extra["sidecar_columns"] == ["caption_b"], wide.extra
+        t = time.perf_counter()
+        whole = write_shard_set(root, ds, Recipe(name=f"whole{r}", caption_mix=wide_recipe.caption_mix),
+                                _subset(ds, f"wide{r}", len(ids), two), ids, ["a-1", "b-1"], settings,
+                                digests=d_two)
+        t_whole = time.perf_counter() - t
+        if r:
+            times["sidecar"].append(t_side)
+            times["whole"].append(t_whole)
+    image_bytes = sum(p.stat().st_size for p in Path(wide.uri).rglob("*.mds") if "columns" not in p.parts)
+    readback = verify_shard_set(wide, ds, sample=64)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"samples": len(ids), "sidecar_seconds": round(med["sidecar"], 3),
+            "whole_seconds": round(med["whole"], 3), "time_share": round(med["sidecar"] / med["whole"], 4),
+            "sidecar_bytes": wide.bytes_written, "whole_bytes": whole.bytes_written,
+            "bytes_share": round(wide.bytes_written / whole.bytes_written, 4),
+            "image_bytes_rewritten": image_bytes, "existing_files_unchanged": _files(narrow) == before,
+            "readback_passed": readback.passed, "readback_checked": readback.checked,
+            "spread": {k: [round(x, 3) for x in v] for k, v in times.items()}}
 
 
 def _files(manifest: ShardSetManifest) -> dict[str, str]:
@@ -183,8 +229,7 @@ def run() -> dict[str, Any]:
             "optout": {"removed": len(gone), "layout": optout.layout, "skipped": optout.skipped,
                        "existing_files_unchanged": unchanged, "never_yielded_2_workers_2_ranks": never,
                        "epoch_complete": complete, "bytes_written": optout.bytes_written},
-            "new_caption_column": "not measured: sidecar column streams are not built yet (a new caption "
-                                  "column changes the caption plan, so the set is written whole)",
+            "new_caption_column": caption_column_cost(ds, root, base_ids, settings),
             "spread": {k: [round(x, 3) for x in v] for k, v in times.items()},
         }
     finally:
@@ -193,7 +238,7 @@ def run() -> dict[str, Any]:
 
 def format_table(r: dict[str, Any]) -> str:
     """Human-readable table."""
-    o = r["optout"]
+    o, c = r["optout"], r["new_caption_column"]
     return "\n".join([
         f"Incremental shard sets, {r['samples']} samples + {r['added']} new (1%), median of {r['rounds']} rounds "
         "(alternating, after a warm-up)",
@@ -203,7 +248,11 @@ def format_table(r: dict[str, Any]) -> str:
         f"  opt out {o['removed']}: layout {o['layout']}, {o['skipped']} skipped, existing files unchanged "
         f"{o['existing_files_unchanged']}, never yielded (2 workers, 2 ranks) {o['never_yielded_2_workers_2_ranks']}, "
         f"epoch complete {o['epoch_complete']}, {o['bytes_written']} bytes written",
-        f"  new caption column: {r['new_caption_column']}",
+        f"  new caption column (sidecar vs whole, {c['samples']} samples): time {c['time_share']:.2%} "
+        f"({c['sidecar_seconds']} s vs {c['whole_seconds']} s), bytes {c['bytes_share']:.2%} "
+        f"({c['sidecar_bytes']} vs {c['whole_bytes']}), image bytes rewritten {c['image_bytes_rewritten']}, "
+        f"existing files unchanged {c['existing_files_unchanged']}, read-back vs lab {c['readback_passed']} "
+        f"({c['readback_checked']} samples)",
     ])
 
 

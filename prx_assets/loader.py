@@ -2,8 +2,9 @@
 
 A published shard set may be one MDS stream, or the streams of an earlier set plus a delta
 stream and a skip list (see :mod:`prx_assets.core.publish.incremental`). This dataset
-resolves a set's ``manifest.json`` into its physical streams and never yields a skipped
-sample, so opt-outs and removals take effect without rewriting a shard. Any trainer that
+resolves a set's ``manifest.json`` into its physical streams, joins the columns added to
+them later as sidecars (:mod:`prx_assets.core.publish.columns`), and never yields a skipped
+sample, so opt-outs, removals and new caption columns take effect without rewriting a shard. Any trainer that
 uses ``StreamingDataset`` changes two lines::
 
     from prx_assets.loader import PrxStreamingDataset
@@ -39,6 +40,7 @@ from prx_assets.core.manifests import (
     read_mixture_spec_at,
     read_shard_set_at,
 )
+from prx_assets.core.publish.columns import SidecarStream
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,14 @@ def _skip_pairs(manifest: ShardSetManifest) -> list[tuple[int, int]]:
     return list(zip(t.column("stream").to_pylist(), t.column("index").to_pylist(), strict=True))
 
 
-def _stream(uri: str, cache_root: str | None, n: int, **weights: Any) -> Stream:
+def _stream(uri: str, cache_root: str | None, n: int, sidecars: Sequence[dict[str, Any]] = (),
+            **weights: Any) -> Stream:
+    """One physical stream; a :class:`SidecarStream` when columns were added to it by sidecars."""
+    kind, extra = (SidecarStream, {"sidecars": sidecars}) if sidecars else (Stream, {})
     if "://" in uri:
         local = os.path.join(cache_root or tempfile.mkdtemp(prefix="prx-mds-cache-"), f"s{n}")
-        return Stream(remote=uri, local=local, **weights)
-    return Stream(local=uri, **weights)
+        return kind(remote=uri, local=local, **extra, **weights)
+    return kind(local=uri, **extra, **weights)
 
 
 def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec | None = None,
@@ -110,7 +115,7 @@ def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec
                 weights["repeat"] = float(weighting.repeat)
             elif weighting is not None and weighting.choose is not None:
                 weights["choose"] = round(int(weighting.choose) * live[i] / total)
-            streams.append(_stream(p["uri"], cache_root, len(streams), **weights))
+            streams.append(_stream(p["uri"], cache_root, len(streams), p.get("sidecars") or (), **weights))
         skip += [(placed[s], idx) for s, idx in pairs if s in placed]
         live_total += sum(live)
     return ResolvedStreams(streams=streams, skip=skip, live_samples=live_total,

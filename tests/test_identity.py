@@ -119,3 +119,34 @@ def test_unchanged_inputs_create_nothing_new_and_ids_are_reproducible(
     assert main(["lineage", set_id]) == 0
     text = capsys.readouterr().out
     assert "published as a delta of" in text and "opt-out optout-" in text and "2 images removed" in text
+
+    # A captioner added to a recipe's caption mix: the published set gets the new caption column as
+    # a sidecar beside its shards (no image byte rewritten) and the loader joins it.
+    recipes = tmp_path / "b" / "config" / "recipes.yaml"
+    original = recipes.read_text()
+    assert "caption_mix: {detailed: 0.5, short: 0.5}" in original
+    recipes.write_text(original.replace("caption_mix: {detailed: 0.5, short: 0.5}", "caption_mix: {short: 1.0}"))
+    assert main(["run"]) == 0
+    capsys.readouterr()
+    with dg.DagsterInstance.get() as instance:
+        narrow_id = instance.get_latest_data_version_record(
+            dg.AssetKey("mds_shards"), partition_key="demo_square_ish").asset_materialization.tags["dagster/data_version"]
+    narrow = read_shard_set_manifest(root_b, "demo_square_ish", narrow_id)
+    assert "caption_detailed" not in narrow.columns
+    narrow_files = {p: p.read_bytes() for p in Path(narrow.uri).rglob("*") if p.is_file()}
+    recipes.write_text(original.replace("caption_mix: {detailed: 0.5, short: 0.5}",
+                                        "caption_mix: {detailed: 0.3, short: 0.7}"))
+    assert main(["run"]) == 0
+    assert "mds_shards demo_square_ish: ok" in capsys.readouterr().out
+    with dg.DagsterInstance.get() as instance:
+        mat = instance.get_latest_data_version_record(dg.AssetKey("mds_shards"), partition_key="demo_square_ish")
+        wide_id = mat.asset_materialization.tags["dagster/data_version"]
+        assert mat.asset_materialization.metadata["sidecar_columns"].value == ["caption_detailed"]
+    wide = read_shard_set_manifest(root_b, "demo_square_ish", wide_id)
+    assert wide.layout == "delta" and wide.streams[0]["uri"] == narrow.uri
+    assert [s["columns"] for s in wide.streams[0]["sidecars"]] == [["caption_detailed"]]
+    assert {p: p.read_bytes() for p in Path(narrow.uri).rglob("*") if p.is_file()} == narrow_files
+    with open_shard_set(wide) as sds:
+        assert all(s["caption_detailed"] and s["caption_short"] for s in sds)
+    assert main(["lineage", wide_id]) == 0
+    assert "+ columns caption_detailed (sidecar" in capsys.readouterr().out

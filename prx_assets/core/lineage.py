@@ -77,6 +77,9 @@ def shard_set_lineage(root: DataRoot, manifest: ShardSetManifest) -> dict[str, A
         "sources": sources_of_subset(root, subset),
         "layout": manifest.layout, "skipped": manifest.skipped,
         "previous_shard_set_id": manifest.extra.get("previous_shard_set_id"),
+        "sidecars": [{"stream": i, "columns": side["columns"], "written_by": side.get("written_by"),
+                      "uri": side["uri"]}
+                     for i, stream in enumerate(manifest.physical_streams()) for side in stream.get("sidecars", [])],
         "optout_requests": {**subset.optout_requests, **(manifest.extra.get("optout_requests") or {})},
     }
 
@@ -104,6 +107,9 @@ def render(lineage: dict[str, Any]) -> str:
         if ss.get("layout") == "delta":
             lines.append(f"{ind}  published as a delta of {ss.get('previous_shard_set_id')}: "
                          f"{ss.get('skipped', 0)} samples of earlier streams skipped, none rewritten")
+        for side in ss.get("sidecars") or []:
+            lines.append(f"{ind}  stream {side['stream']} + columns {', '.join(side['columns'])} (sidecar written "
+                         f"by {side['written_by']}, no image bytes rewritten)")
         for req, n in (ss.get("optout_requests") or {}).items():
             lines.append(f"{ind}  opt-out {req}: {n} images removed")
         if ss.get("dagster_run_id"):

@@ -132,16 +132,20 @@ class ShardSetManifest(JsonRecord):
     text_latents: dict[str, Any] | None = None
     bucket_streams: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
-    #: Physical MDS streams, in order: {"uri", "samples", "role": "base" | "delta", "written_by"}.
+    #: Physical MDS streams, in order: {"uri", "samples", "role": "base" | "delta", "written_by"}, and
+    #: "sidecars": [{"uri", "columns", "written_by"}] when columns were added to it later.
     streams: tuple[dict[str, Any], ...] = ()
     skip_uri: str | None = None  # skip.parquet: (stream, index, image_id) never yielded
     skip_sha256: str | None = None  # of skip.parquet's bytes: a reader can check what it applies
     skipped: int = 0
     layout: str = "full"  # "full": written whole; "delta": previous streams + one delta + skip list
     bytes_written: int = 0  # bytes this publication wrote (a delta writes only its new samples)
+    #: Caption columns the per-sample digests in ``samples.parquet`` cover (``None``: written before
+    #: this was recorded). Sidecars need it to tell stale published samples apart.
+    digest_columns: tuple[str, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # lineage such as dagster_run_id
 
-    _tuples: ClassVar[tuple[str, ...]] = ("captioner_ids", "streams")
+    _tuples: ClassVar[tuple[str, ...]] = ("captioner_ids", "streams", "digest_columns")
 
     def physical_streams(self) -> list[dict[str, Any]]:
         """The MDS streams to read (one, at ``uri``, for sets written before streams were listed)."""

@@ -40,8 +40,9 @@ class ShardConfig(dg.Config):
     by_bucket: bool = Field(default=False, description="Also one sub-stream (own index.json) per aspect bucket.")
     compact_above: float = Field(
         default=0.2, description="A changed subset is published as a delta (new samples in one more stream, removed "
-                                 "ones in a skip list) until deltas plus skipped samples pass this share of the "
-                                 "set; then the set is written whole. 0 always writes whole.")
+                                 "ones in a skip list, new caption columns in sidecars beside the shards) until "
+                                 "deltas plus skipped samples pass this share of the set; then the set is written "
+                                 "whole. 0 always writes whole.")
     precomputed_latents: bool = Field(
         default=False, description="Also store text latents of every caption column, computed with models.yaml's "
                                    "text_encoder (latent_{caption_key}_{tower}, attention_mask_...). Off by "
@@ -141,8 +142,11 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
             "layout": manifest.layout,
             "bytes_written": manifest.bytes_written,
             "skipped": manifest.skipped,
-            "streams": dg.MetadataValue.json([{"uri": s["uri"], "samples": s["samples"], "role": s["role"]}
+            "streams": dg.MetadataValue.json([{"uri": s["uri"], "samples": s["samples"], "role": s["role"],
+                                               "sidecar_columns": [c for side in s.get("sidecars", [])
+                                                                   for c in side["columns"]]}
                                               for s in manifest.physical_streams()]),
+            "sidecar_columns": dg.MetadataValue.json(manifest.extra.get("sidecar_columns", [])),
             "previous_shard_set_id": str(manifest.extra.get("previous_shard_set_id", "")),
             **shard_set_pictures(manifest),
             FINGERPRINT_KEY: dg.MetadataValue.text(shards_fingerprint_of(sid)),

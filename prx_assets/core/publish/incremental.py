@@ -10,6 +10,10 @@ A published shard set is a list of physical MDS streams plus a skip list:
   :class:`prx_assets.loader.PrxStreamingDataset` honours, so a removed sample is never yielded;
 - a sample whose content changed (new original, new normalization, new published caption) is
   a removal plus an addition;
+- a new column (a captioner added to a caption mix, a text tower's latents) is written as a
+  *sidecar* per stream, aligned by sample index (:mod:`prx_assets.core.publish.columns`): no
+  image byte is rewritten, and the sidecar's ``samples.parquet`` holds the digests as the
+  samples now read;
 - when the delta and skipped share of the live samples passes ``compact_above`` (or the layout
   or settings differ), the set is written fresh and whole: that is the compaction rule.
 
@@ -81,16 +85,26 @@ class Delta:
     removed: int  # newly skipped by this change
 
 
-def live_samples(root: DataRoot, manifest: ShardSetManifest) -> pa.Table | None:
+def samples_uri(stream: Mapping[str, Any]) -> str:
+    """Where a stream's current per-sample digests are: its last sidecar's ``samples.parquet`` (the
+    samples as they read with every column added since), else the stream's own."""
+    sidecars = stream.get("sidecars") or []
+    return uri_join(sidecars[-1]["uri"] if sidecars else stream["uri"], SAMPLES_FILE)
+
+
+def live_samples(root: DataRoot, manifest: ShardSetManifest,
+                 samples: Mapping[int, pa.Table] | None = None) -> pa.Table | None:
     """``image_id``, ``digest``, ``stream``, ``index`` of every sample the set yields; ``None`` for sets
-    written before sample maps existed (they can only be replaced whole)."""
+    written before sample maps existed (they can only be replaced whole). ``samples`` gives some
+    streams' digests directly (sidecars not yet published)."""
     parts = []
     for i, s in enumerate(manifest.streams):
         try:
-            t = read_table_at(uri_join(s["uri"], SAMPLES_FILE), root)
+            t = samples[i] if samples and i in samples else read_table_at(samples_uri(s), root)
         except OSError:  # no sample map: written before they existed
             return None
-        parts.append(t.append_column("stream", pa.array([i] * t.num_rows, pa.int32()))
+        parts.append(t.select(["image_id", "digest"])
+                     .append_column("stream", pa.array([i] * t.num_rows, pa.int32()))
                      .append_column("index", pa.array(range(t.num_rows), pa.int64())))
     if not parts:
         return None
@@ -102,17 +116,17 @@ def live_samples(root: DataRoot, manifest: ShardSetManifest) -> pa.Table | None:
 
 
 def plan_delta(root: DataRoot, previous: ShardSetManifest, new: pa.Table,
-               compact_above: float = COMPACT_ABOVE) -> Delta | None:
+               compact_above: float = COMPACT_ABOVE, live: Mapping[int, pa.Table] | None = None) -> Delta | None:
     """The delta from ``previous`` (a set with the same layout and settings) to the subset ``new``
     (``image_id``, ``digest``), or ``None`` when the set must be written whole (no sample maps,
-    or past the compaction rule)."""
+    or past the compaction rule). ``live``: digests of some streams, as :func:`live_samples` takes."""
     if not previous.streams:
         return None
-    live = live_samples(root, previous)
-    if live is None:
+    current = live_samples(root, previous, live)
+    if current is None:
         return None
-    removed = live.join(new, keys=["image_id", "digest"], join_type="left anti")
-    added = new.join(live.select(["image_id", "digest"]), keys=["image_id", "digest"], join_type="left anti")
+    removed = current.join(new, keys=["image_id", "digest"], join_type="left anti")
+    added = new.join(current.select(["image_id", "digest"]), keys=["image_id", "digest"], join_type="left anti")
     old_skip = read_table_at(previous.skip_uri, root) if previous.skip_uri else SKIP_SCHEMA.empty_table()
     skip = pa.concat_tables([old_skip.cast(SKIP_SCHEMA),
                              removed.select(["stream", "index", "image_id"]).cast(SKIP_SCHEMA)])

@@ -22,14 +22,16 @@ the text encoder can change without rewriting shards. With ``ShardSettings.text_
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +41,14 @@ import lance
 import pyarrow as pa
 
 from prx_assets.core import layout
-from prx_assets.core.config.storage import DataRoot, split_s3
+from prx_assets.core.config.storage import DataRoot, read_uri, split_s3
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
-from prx_assets.core.lab.sql import rows_by_ids, where_eq
+from prx_assets.core.lab.sql import ID_CHUNK, rows_by_ids, where_eq
 from prx_assets.core.lab.sync import caption_column
 from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
 from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
+from prx_assets.core.publish.columns import SIDECAR_DIR
 from prx_assets.core.publish.incremental import (
     COMPACT_ABOVE,
     SAMPLES_FILE,
@@ -56,8 +59,10 @@ from prx_assets.core.publish.incremental import (
     parquet_bytes,
     plan_delta,
     published_captions,
+    read_table_at,
     sample_digest,
     sample_map,
+    samples_uri,
     uri_join,
 )
 from prx_assets.errors import PrxError
@@ -109,6 +114,32 @@ def caption_plan(recipe: Recipe, caption_columns: Sequence[str], captioner_ids: 
     return {"mode": "none", "columns": {}, "weights": {}}
 
 
+def _caption_samples(rows: dict[str, dict[str, Any]], chunk: Sequence[str], plan: dict[str, Any],
+                     lab_version: int, *, missing_ok: bool = False) -> list[dict[str, Any]]:
+    """``image_id`` and the published caption columns of each id (``""`` for ids the lab lacks
+    when ``missing_ok``: a sidecar row of a sample that is skipped anyway)."""
+    out = []
+    for image_id in chunk:
+        r = rows.get(image_id)
+        if r is None and not missing_ok:
+            raise ShardError(f"image {image_id!r} is in the subset but not in Lance version {lab_version}")
+        out.append({"image_id": image_id, **(published_captions(r, plan) if r is not None
+                                             else {c: "" for c in plan["columns"]})})
+    return out
+
+
+def _add_latents(samples: list[dict[str, Any]], encoder: TextEncoder, caption_keys: Sequence[str]) -> None:
+    """Encode the caption columns ``caption_keys`` of ``samples`` into their latent and mask columns."""
+    tower = encoder.spec.tower()
+    for mds_col in caption_keys:
+        for j in range(0, len(samples), 64):
+            part = samples[j:j + 64]
+            lat, mask = encoder.encode_numpy([s[mds_col] for s in part])
+            for s, la, ma in zip(part, lat, mask, strict=True):
+                s[latent_column(mds_col, tower)] = la
+                s[mask_column(mds_col, tower)] = ma
+
+
 def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: dict[str, str],
                 plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None = None,
                 caption_columns: Sequence[str] = ()) -> list[tuple[str, str]]:
@@ -121,25 +152,13 @@ def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: 
     with MDSWriter(out=out, columns=columns, compression=settings.compression,
                    hashes=list(settings.hashes) or None, size_limit=settings.size_limit) as writer:
         for chunk, rows in rows_by_ids(lab, ids, lab_cols):
-            samples = []
-            for image_id in chunk:
-                r = rows.get(image_id)
-                if r is None:
-                    raise ShardError(f"image {image_id!r} is in the subset but not in Lance version {lab.version}")
-                sample = {k: r[v] for k, v in MDS_FROM_LAB.items()}
-                captions = published_captions(r, plan)
-                sample.update(captions)
-                samples.append(sample)
+            samples = _caption_samples(rows, chunk, plan, lab.version)
+            for image_id, sample in zip(chunk, samples, strict=True):
+                r = rows[image_id]
+                sample.update({k: r[v] for k, v in MDS_FROM_LAB.items()})
                 written.append((image_id, sample_digest(r, caption_columns)))
             if encoder is not None:
-                tower = encoder.spec.tower()
-                for mds_col in plan["columns"]:
-                    for j in range(0, len(samples), 64):
-                        part = samples[j:j + 64]
-                        lat, mask = encoder.encode_numpy([s[mds_col] for s in part])
-                        for s, la, ma in zip(part, lat, mask, strict=True):
-                            s[latent_column(mds_col, tower)] = la
-                            s[mask_column(mds_col, tower)] = ma
+                _add_latents(samples, encoder, list(plan["columns"]))
             for sample in samples:
                 writer.write(sample)
     return written
@@ -224,20 +243,24 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     columns = mds_columns(plan, encoder)
     written_settings = {"size_limit": settings.size_limit, "compression": settings.compression,
                         "hashes": list(settings.hashes), "by_bucket": settings.by_bucket}
-    compatible = previous is not None and not settings.by_bucket and previous.columns == columns \
-        and previous.caption_plan == plan and \
-        {k: previous.settings.get(k) for k in written_settings} == written_settings
     caption_columns = tuple(subset_manifest.caption_columns)
+    added_columns = extension_of(previous, columns, plan, written_settings) if previous is not None else None
     delta = None
-    if compatible and previous is not None:
-        if digests is None or "digest" not in digests.column_names:
-            digests = subset_digests(lab, ids, caption_columns)
-        delta = plan_delta(root, previous, digests.select(["image_id", "digest"]), compact_above)
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
         Path(root.join(layout.shard_set_staging(recipe.name, set_id, uuid.uuid4().hex[:8])))
     try:
         staging.mkdir(parents=True, exist_ok=True)
+        if added_columns is not None and previous is not None:
+            if digests is None or "digest" not in digests.column_names:
+                digests = subset_digests(lab, ids, caption_columns)
+            base, live = previous, None
+            if added_columns:  # new columns for the published samples: sidecars, not a rewrite
+                base, live = _write_sidecars(root, staging, lab, previous, added_columns, plan, encoder,
+                                             settings, caption_columns, uri=root.join(rel), set_id=set_id)
+            delta = plan_delta(root, base, digests.select(["image_id", "digest"]), compact_above, live=live)
+            if delta is None:
+                shutil.rmtree(staging / SIDECAR_DIR, ignore_errors=True)
         if delta is None:
             streams, bucket_streams, writers = _write_whole(staging, lab, ids, columns, plan, settings, encoder,
                                                              uri=root.join(rel), set_id=set_id,
@@ -275,8 +298,10 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             bucket_streams=bucket_streams, uri=root.join(rel), seconds=round(time.perf_counter() - started, 3),
             streams=tuple(streams), skip_uri=skip_uri, skip_sha256=skip_sha256, skipped=skipped,
             layout="full" if delta is None else "delta", bytes_written=written_bytes,
+            digest_columns=caption_columns,
             extra={**dict(lineage or {}), **({"previous_shard_set_id": delta.previous.shard_set_id,
-                                              "added": len(delta.added), "removed": delta.removed}
+                                              "added": len(delta.added), "removed": delta.removed,
+                                              "sidecar_columns": sorted(added_columns or {})}
                                              if delta else {}),
                    **({"optout_requests": dict(subset_manifest.optout_requests)}
                       if subset_manifest.optout_requests else {})},
@@ -287,6 +312,106 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def extension_of(previous: ShardSetManifest, columns: dict[str, str], plan: dict[str, Any],
+                 written_settings: dict[str, Any]) -> dict[str, str] | None:
+    """How a new set relates to the ``previous`` published one: ``None`` when it must be written
+    whole (other writer settings, bucket sub-streams, a column removed or fed differently), else
+    the columns it adds (``{}``: the same columns; a delta and skip list suffice).
+
+    Caption weights are not compared: they live in the manifest, not in the shards.
+    """
+    if not previous.streams or written_settings["by_bucket"] or previous.bucket_streams:
+        return None
+    if {k: previous.settings.get(k) for k in written_settings} != written_settings:
+        return None
+    if any(columns.get(k) != v for k, v in previous.columns.items()):
+        return None
+    old_sources = previous.caption_plan.get("columns", {})
+    if any(plan["columns"].get(c) != src for c, src in old_sources.items()):
+        return None
+    added = {k: v for k, v in columns.items() if k not in previous.columns}
+    if added and previous.digest_columns is None:
+        return None  # written before digests named their columns: cannot tell stale samples apart
+    return added
+
+
+def write_aligned(out: str, columns: dict[str, str], settings: ShardSettings, counts: Sequence[int],
+                  samples: Iterable[dict[str, Any]]) -> None:
+    """Write ``samples`` as MDS shards holding exactly ``counts[j]`` samples each (empty ones too), so
+    shard ``j`` lines up with shard ``j`` of the stream a sidecar extends."""
+    from streaming import MDSWriter
+
+    bounds = list(itertools.accumulate(counts))
+    j = 0
+    with MDSWriter(out=out, columns=columns, compression=settings.compression,
+                   hashes=list(settings.hashes) or None, size_limit=None) as writer:
+        for n, sample in enumerate(itertools.chain([None], samples)):
+            if sample is not None:
+                writer.write(sample)
+            while j < len(bounds) and bounds[j] == n:
+                writer.flush_shard()
+                writer._reset_cache()
+                j += 1
+    if j != len(bounds):
+        raise ShardError(f"{out}: wrote {n} samples for shards of {list(counts)[:8]}... samples; the stream's "
+                         "samples.parquet and index.json disagree: republish the set whole (compact_above: 0)")
+
+
+def _write_sidecars(root: DataRoot, staging: Path, lab: lance.LanceDataset, previous: ShardSetManifest,
+                    added: dict[str, str], plan: dict[str, Any], encoder: TextEncoder | None,
+                    settings: ShardSettings, caption_columns: Sequence[str], *, uri: str,
+                    set_id: str) -> tuple[ShardSetManifest, dict[int, pa.Table]]:
+    """Write the ``added`` columns of every sample of ``previous``'s streams as sidecars (see
+    :mod:`prx_assets.core.publish.columns`); return ``previous`` with the sidecars listed under its
+    streams, and each stream's samples with their digests as they now read.
+
+    A sample whose published content no longer matches the lab (its digest under the previous
+    set's digest columns changed, or it left the lab) gets an empty digest: it is skipped and, if
+    still selected, written again in the delta. Only caption columns are read, never image bytes.
+    """
+    old_cols = tuple(previous.digest_columns or ())
+    new_keys = [c for c in plan["columns"] if c in added]
+    latent_keys = [c for c in plan["columns"] if encoder is not None and
+                   latent_column(c, encoder.spec.tower()) in added]
+    sources = [s for c in dict.fromkeys([*new_keys, *latent_keys]) for s in plan["columns"][c]]
+    lab_cols = list(dict.fromkeys([*sources, *digest_columns(old_cols), *digest_columns(caption_columns)]))
+    side_columns = {"image_id": "str", **added}
+    streams: list[dict[str, Any]] = []
+    tables: dict[int, pa.Table] = {}
+    for i, stream in enumerate(previous.streams):
+        own = read_table_at(uri_join(stream["uri"], SAMPLES_FILE), root).column("image_id")
+        stored = read_table_at(samples_uri(stream), root).column("digest")
+        index = json.loads(read_uri(uri_join(stream["uri"], layout.MDS_INDEX), root.settings))
+        counts = [int(sh["samples"]) for sh in index["shards"]]
+        folder = staging / SIDECAR_DIR / f"s{i}"
+        new_digests: list[pa.Array] = []
+
+        def rows_of(own: pa.ChunkedArray = own, stored: pa.ChunkedArray = stored,
+                    out: list[pa.Array] = new_digests) -> Iterator[dict[str, Any]]:
+            for start in range(0, len(own), ID_CHUNK):  # Python objects for one chunk at a time
+                ids = own.slice(start, ID_CHUNK).to_pylist()
+                was = stored.slice(start, ID_CHUNK).to_pylist()
+                (_, rows), = rows_by_ids(lab, ids, lab_cols, chunk=len(ids))
+                samples = _caption_samples(rows, ids, plan, lab.version, missing_ok=True)
+                if latent_keys and encoder is not None:
+                    _add_latents(samples, encoder, latent_keys)
+                now = []
+                for image_id, old, sample in zip(ids, was, samples, strict=True):
+                    r = rows.get(image_id)
+                    fresh = r is not None and sample_digest(r, old_cols) == old
+                    now.append(sample_digest(r, caption_columns) if fresh and r is not None else "")
+                    yield {k: sample[k] for k in side_columns}
+                out.append(pa.array(now, pa.string()))
+
+        write_aligned(str(folder), side_columns, settings, counts, rows_of())
+        tables[i] = pa.table({"image_id": own, "digest": pa.chunked_array(new_digests, pa.string())},
+                             schema=SAMPLES_SCHEMA)
+        (folder / SAMPLES_FILE).write_bytes(parquet_bytes(tables[i]))
+        side = {"uri": uri_join(uri, f"{SIDECAR_DIR}/s{i}"), "columns": sorted(added), "written_by": set_id}
+        streams.append({**stream, "sidecars": [*stream.get("sidecars", []), side]})
+    return dataclasses.replace(previous, streams=tuple(streams)), tables
 
 
 def _write_whole(staging: Path, lab: lance.LanceDataset, ids: Sequence[str], columns: dict[str, str],
@@ -420,7 +545,8 @@ class Verification:
 def verify_shard_set(manifest: ShardSetManifest, lab: lance.LanceDataset, sample: int = 16,
                      seed: int = 0, cache: str | None = None) -> Verification:
     """Read the set back with ``StreamingDataset``: count, hashes (checked by the reader when
-    the set has them) and a sample of images byte-identical to the lab version."""
+    the set has them) and a sample of samples whose image bytes and caption columns (sidecar
+    columns joined) equal the lab version's."""
     import numpy as np
 
     with open_shard_set(manifest, cache=cache, validate_hash=manifest.validate_hash) as sds:
@@ -432,10 +558,13 @@ def verify_shard_set(manifest: ShardSetManifest, lab: lance.LanceDataset, sample
                 picks.append(int(i))
             if len(picks) >= min(sample, n):
                 break
+        plan = manifest.caption_plan or {"columns": {}}
+        sources = list(dict.fromkeys(c for cs in plan["columns"].values() for c in cs))
         mismatched = []
         for i in picks:
             s = sds[int(i)]
-            row = lab.to_table(columns=["jpeg"], filter=where_eq("image_id", s["image_id"]))
-            if row.num_rows != 1 or row.column(0)[0].as_py() != s["image"]:
+            rows = lab.to_table(columns=["jpeg", *sources], filter=where_eq("image_id", s["image_id"])).to_pylist()
+            if len(rows) != 1 or rows[0]["jpeg"] != s["image"] or \
+                    any(s.get(col) != text for col, text in published_captions(rows[0], plan).items()):
                 mismatched.append(s["image_id"])
     return Verification(samples=n, expected=manifest.samples, checked=len(picks), mismatched=mismatched)
