@@ -45,6 +45,11 @@ def table(name: str) -> str:
     return f"{LANCE_DIR}/{name}.lance"
 
 
+def lab_sync_state() -> str:
+    """Where the lab sync records what it last synced: ``lance/_lab_sync.json``."""
+    return f"{LANCE_DIR}/_lab_sync.json"
+
+
 def table_name(rel: str) -> str | None:
     """The table name of a path under ``lance/`` (``None`` when it is not a table folder)."""
     leaf = rel.rstrip("/").rsplit("/", 1)[-1]

@@ -4,7 +4,9 @@ Captions (one column ``caption__<captioner id>`` per captioner) and embeddings
 (``emb__<embedder id>``) are added with Lance schema evolution: a new column is added as
 all-null metadata (``add_columns`` with a schema: no data written), then filled with a
 ``merge_insert(...).write_mode("rewrite_columns")`` that writes data files for that column
-only. The JPEG bytes and every other column are never rewritten.
+only. The JPEG bytes and every other column are never rewritten. After the first sync of a
+column, later syncs join only the source rows written since (Lance row versions, see
+:mod:`prx_assets.core.lab.changes`): a sync costs what changed, not what exists.
 
 Indexes are created when missing and folded forward incrementally
 (``optimize_indices``): BTREE on ids, hashes and numeric metadata, BITMAP on
@@ -27,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.changes import SyncState, changed_rows, compare_and_merge, cursor_for, merge_changed
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
 from prx_assets.core.lab.sql import where_eq
 from prx_assets.core.lab.table import open_table, table_uri
@@ -73,44 +76,36 @@ class LabSync:
     size_bytes: int = 0
     columns_added: list[str] = field(default_factory=list)
     rows_updated: dict[str, int] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)  # column -> "changes" (by row versions) or "full"
     indexes_created: list[str] = field(default_factory=list)
     indexes: list[dict[str, Any]] = field(default_factory=list)
     tags: dict[str, int] = field(default_factory=dict)
 
 
-def join_column(ds: lance.LanceDataset, column: str, field_type: pa.DataType,
-                values: pa.Table) -> tuple[bool, int]:
-    """Make ``ds[column]`` equal ``values`` (``image_id``, ``value``) where they differ.
+def sync_column(images: lance.LanceDataset, source: lance.LanceDataset, column: str, field_type: pa.DataType,
+                value: str, where: str | None, state: SyncState) -> tuple[bool, int, str]:
+    """Make ``images[column]`` equal the source's ``value`` per image where they differ.
 
-    Adds the column (all-null, metadata only) if missing, then rewrites only that
-    column for the rows whose value changed. Returns ``(added, rows_updated)``.
+    Adds the column (all-null, metadata only) if missing. With a cursor in ``state`` only the
+    source rows written since are compared, a chunk at a time (see
+    :mod:`prx_assets.core.lab.changes`); otherwise the whole column is compared in Arrow.
+    Only rows whose value changed are rewritten. Returns ``(added, rows_updated, mode)``.
     """
+    since = cursor_for(state, column, source, images)
     added = False
-    if column not in ds.schema.names:
-        ds.add_columns(pa.schema([pa.field(column, field_type)]))
+    if column not in images.schema.names:
+        images.add_columns(pa.schema([pa.field(column, field_type)]))
         added = True
-    if values.num_rows == 0:
-        return added, 0
-    current = ds.to_table(columns=["image_id", column])
-    # Join on the key and row positions only (Arrow cannot join on list payloads), then take.
-    left = pa.table({"image_id": values.column("image_id"), "_l": pa.array(range(values.num_rows))})
-    right = pa.table({"image_id": current.column("image_id"), "_r": pa.array(range(current.num_rows))})
-    pairs = left.join(right, "image_id", join_type="inner")
-    new = values.column("value").take(pairs.column("_l"))
-    cur = current.column(column).take(pairs.column("_r"))
-    if pa.types.is_fixed_size_list(field_type):
-        cur_list, new_list = cur.to_pylist(), new.to_pylist()
-        mask = pa.array([c is None or c != n for c, n in zip(cur_list, new_list, strict=True)], pa.bool_())
-    else:
-        mask = pc.fill_null(pc.or_kleene(pc.is_null(cur), pc.not_equal(cur, new)), True)
-    joined = pa.table({"image_id": pairs.column("image_id"), "value": new})
-    changed = joined.filter(mask)
-    if changed.num_rows == 0:
-        return added, 0
-    update = pa.table({"image_id": changed.column("image_id"),
-                       column: changed.column("value").cast(field_type)})
-    ds.merge_insert("image_id").when_matched_update_all().write_mode("rewrite_columns").execute(update)
-    return added, changed.num_rows
+    if since is None:
+        values = source.to_table(columns=["image_id", value], filter=where).rename_columns(["image_id", "value"])
+        if values.num_rows == 0:
+            return added, 0, "full"
+        current = images.to_table(columns=["image_id", column])
+        return added, merge_changed(images, column, field_type, values, current), "full"
+    updated = 0
+    for part in changed_rows(source, value, where, since, images, state.images_version):
+        updated += compare_and_merge(images, column, field_type, part)
+    return added, updated, "changes"
 
 
 def _without_centroids() -> None:
@@ -198,28 +193,28 @@ def sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None = None,
     if images is None:
         return out
     out.input_version = images.version
+    state = SyncState.read(root)
+    synced = SyncState(columns=dict(state.columns), images_version=images.version)
+    jobs: list[tuple[lance.LanceDataset, str, pa.DataType, str, str | None]] = []
     captions = open_table(table_uri(root, CAPTIONS_TABLE), opts)
     if captions is not None:
-        ids = list(captioner_ids) if captioner_ids is not None else sorted(set(
-            captions.to_table(columns=["captioner_id"]).column("captioner_id").to_pylist()))
-        for cid in ids:
-            t = captions.to_table(columns=["image_id", "caption"], filter=where_eq("captioner_id", cid))
-            col = caption_column(cid)
-            added, n = join_column(images, col, pa.string(), t.rename_columns(["image_id", "value"]))
-            if added:
-                out.columns_added.append(col)
-            out.rows_updated[col] = n
+        ids = list(captioner_ids) if captioner_ids is not None else sorted(
+            pc.unique(captions.to_table(columns=["captioner_id"]).column("captioner_id")).to_pylist())
+        jobs += [(captions, caption_column(cid), pa.string(), "caption", where_eq("captioner_id", cid))
+                 for cid in ids]
     for eid in embedder_ids:
         emb = open_table(table_uri(root, embeddings_table(eid)), opts)
-        if emb is None:
-            continue
-        t = emb.to_table(columns=["image_id", "embedding"])
-        col = embedding_column(eid)
-        added, n = join_column(images, col, emb.schema.field("embedding").type,
-                               t.rename_columns(["image_id", "value"]))
+        if emb is not None:
+            jobs.append((emb, embedding_column(eid), emb.schema.field("embedding").type, "embedding", None))
+    for source, col, field_type, value, where in jobs:
+        added, n, mode = sync_column(images, source, col, field_type, value, where, state)
         if added:
             out.columns_added.append(col)
         out.rows_updated[col] = n
+        out.modes[col] = mode
+        synced.columns[col] = source.version
+    if synced != state:
+        synced.write(root)  # after the commits: a crash before this only repeats the comparison
     out.indexes_created = ensure_indexes(images, vector_index_min_rows)
     images = lance.dataset(images.uri, storage_options=opts)  # latest version after all commits
     if publish:

@@ -50,7 +50,9 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
                    wait_seconds: float = 60.0) -> lance.LanceDataset:
     """Open the dataset, creating it empty with ``schema`` if needed (race-safe).
 
-    Writers racing to create the same table claim a marker next to it with a
+    Tables track stable row ids, so every row carries the version that last wrote it (the lab
+    syncs by change from them, see :mod:`prx_assets.core.lab.changes`). Writers racing to
+    create the same table claim a marker next to it with a
     create-if-absent write; only the winner creates, the others wait for the table to
     appear. (Two plain creates can land as create + overwrite, and an overwrite is a
     conflict no later commit can retry past.)
@@ -62,7 +64,7 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
     marker_root = DataRoot(parent)
     if marker_root.write_new(f".{name}.creating", b"1"):
         return lance.write_dataset(schema.empty_table(), uri, schema=schema, mode="create",
-                                   storage_options=storage_options)
+                                   storage_options=storage_options, enable_stable_row_ids=True)
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         ds = open_table(uri, storage_options)
@@ -73,7 +75,7 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
     # create it now; a plain create fails rather than overwrite if someone else just did.
     try:
         return lance.write_dataset(schema.empty_table(), uri, schema=schema, mode="create",
-                                   storage_options=storage_options)
+                                   storage_options=storage_options, enable_stable_row_ids=True)
     except (OSError, ValueError) as e:
         ds = open_table(uri, storage_options)
         if ds is not None:

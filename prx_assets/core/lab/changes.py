@@ -1,0 +1,159 @@
+"""Lab sync by change: which caption and embedding rows to join, from Lance's own row versions.
+
+Every table this project creates tracks stable row ids, so each row carries
+``_row_last_updated_at_version`` and ``_row_created_at_version`` (kept through compaction).
+A lab column remembers the version of its source table it was last synced from (in
+``lance/_lab_sync.json``, with the images table's version at that sync). The next sync joins only
+
+- source rows written since that version (new or re-written captions and vectors), and
+- source rows of images rows created since the last sync (an image deleted and ingested
+  again gets its existing caption back),
+
+compares them with the lab's current values in chunks of ``chunk`` rows, and rewrites the
+column for the rows that differ. Memory is bounded by the chunk, not the table. A column
+without a cursor, a table without row versions (created before they were tracked) or a
+cursor ahead of the table (restored from a backup) falls back to the full join.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.sql import chunks, table_by_ids, where_all, where_in
+
+#: Rows compared and committed at a time by a sync by change.
+CHANGE_CHUNK = 65_536
+#: Ids per lookup of new images' rows in a source table (one scan each, pushed down).
+LOOKUP_CHUNK = 4096
+
+
+@dataclass
+class SyncState:
+    """Per lab column, the source table version it was last synced from; and the images version."""
+
+    columns: dict[str, int] = field(default_factory=dict)
+    images_version: int | None = None
+
+    @classmethod
+    def read(cls, root: DataRoot) -> SyncState:
+        """The state of the last sync (empty when none was recorded)."""
+        try:
+            doc = json.loads(root.read_bytes(layout.lab_sync_state()))
+        except (FileNotFoundError, OSError, ValueError):
+            return cls()
+        return cls(columns={str(k): int(v) for k, v in doc.get("columns", {}).items()},
+                   images_version=doc.get("images_version"))
+
+    def write(self, root: DataRoot) -> None:
+        """Record the state (after the sync's commits: a crash before it only repeats work)."""
+        root.write_bytes(layout.lab_sync_state(), json.dumps(
+            {"columns": self.columns, "images_version": self.images_version}, sort_keys=True).encode())
+
+
+def differs(current: pa.Array | pa.ChunkedArray, new: pa.Array | pa.ChunkedArray) -> pa.BooleanArray:
+    """Row-wise ``current != new`` (null vs value differs; null vs null does not), vectorized:
+    strings in Arrow, fixed-size vectors as one numpy comparison (no Python lists).
+
+    >>> differs(pa.array(["a", None, "c"]), pa.array(["a", "b", "d"])).to_pylist()
+    [False, True, True]
+    """
+    cur = current.combine_chunks() if isinstance(current, pa.ChunkedArray) else current
+    nxt = new.combine_chunks() if isinstance(new, pa.ChunkedArray) else new
+    if pa.types.is_fixed_size_list(cur.type) or pa.types.is_fixed_size_list(nxt.type):
+        dim = (cur.type if pa.types.is_fixed_size_list(cur.type) else nxt.type).list_size
+        n = len(cur)
+        a = _matrix(cur, dim, n)
+        b = _matrix(nxt.cast(cur.type), dim, n)
+        cn = np.asarray(cur.is_null())
+        nn = np.asarray(nxt.is_null())
+        same_values = np.all((a == b) | (np.isnan(a) & np.isnan(b)), axis=1) if n else np.zeros(0, bool)
+        return pa.array(np.where(cn | nn, cn != nn, ~same_values), pa.bool_())
+    eq = pc.equal(cur, nxt)
+    both_null = pc.and_(pc.is_null(cur), pc.is_null(nxt))
+    return pc.and_not(pc.fill_null(pc.invert(eq), True), both_null)
+
+
+def _matrix(arr: pa.FixedSizeListArray, dim: int, n: int) -> np.ndarray:
+    """An ``n x dim`` float view of a fixed-size list array (null rows hold whatever the buffer has)."""
+    values = arr.values.slice(arr.offset * dim, n * dim)
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, dim)
+
+
+def changed_rows(source: lance.LanceDataset, value: str, where: str | None, since: int,
+                 images: lance.LanceDataset, images_since: int | None,
+                 chunk: int = CHANGE_CHUNK) -> Iterator[pa.Table]:
+    """``image_id``/``value`` tables (at most ``chunk`` rows each) of the source rows to re-join:
+    written since version ``since``, plus the source rows of images created since ``images_since``."""
+    flt = where_all(where, f"_row_last_updated_at_version > {int(since)}")
+    scanner = source.scanner(columns=["image_id", value], filter=flt, batch_size=chunk)
+    for batch in scanner.to_batches():
+        if batch.num_rows:
+            yield pa.Table.from_batches([batch]).rename_columns(["image_id", "value"])
+    if images_since is None:
+        return
+    created = images.scanner(columns=["image_id"], filter=f"_row_created_at_version > {int(images_since)}",
+                             batch_size=chunk)
+    for batch in created.to_batches():
+        ids = batch.column(0).to_pylist()  # one chunk of new ids
+        for part in chunks(ids, LOOKUP_CHUNK):
+            # rows written since ``since`` were yielded above; only older ones are needed here
+            t = source.to_table(columns=["image_id", value], filter=where_all(
+                where, where_in("image_id", part), f"_row_last_updated_at_version <= {int(since)}"))
+            if t.num_rows:
+                yield t.rename_columns(["image_id", "value"])
+
+
+def compare_and_merge(images: lance.LanceDataset, column: str, field_type: pa.DataType,
+                      values: pa.Table) -> int:
+    """Rewrite ``images[column]`` for the ids of ``values`` whose value differs; return how many.
+
+    The lab's current values are read for these ids only (by the ``image_id`` index)."""
+    if values.num_rows == 0:
+        return 0
+    ids = values.column("image_id").to_pylist()
+    current = table_by_ids(images, ids, [column])
+    return merge_changed(images, column, field_type, values, current)
+
+
+def merge_changed(images: lance.LanceDataset, column: str, field_type: pa.DataType, values: pa.Table,
+                  current: pa.Table) -> int:
+    """Given new ``values`` and the lab's ``current`` (``image_id``, ``column``), rewrite the column
+    for the rows that exist in the lab and differ (one ``rewrite_columns`` merge)."""
+    left = pa.table({"image_id": values.column("image_id"), "_l": pa.array(np.arange(values.num_rows))})
+    right = pa.table({"image_id": current.column("image_id"), "_r": pa.array(np.arange(current.num_rows))})
+    pairs = left.join(right, "image_id", join_type="inner")
+    if pairs.num_rows == 0:
+        return 0
+    new = values.column("value").take(pairs.column("_l"))
+    cur = current.column(column).take(pairs.column("_r"))
+    mask = differs(cur, new.cast(field_type))
+    changed = pa.table({"image_id": pairs.column("image_id"), column: new.cast(field_type)}).filter(mask)
+    if changed.num_rows == 0:
+        return 0
+    images.merge_insert("image_id").when_matched_update_all().write_mode("rewrite_columns").execute(changed)
+    return changed.num_rows
+
+
+def has_row_versions(*tables: lance.LanceDataset) -> bool:
+    """Whether every table tracks stable row ids (so its rows carry their versions)."""
+    return all(bool(getattr(t, "has_stable_row_ids", False)) for t in tables)
+
+
+def cursor_for(state: SyncState, column: str, source: lance.LanceDataset, images: lance.LanceDataset) -> int | None:
+    """The source version to sync ``column`` from by change, or ``None`` for a full join."""
+    since = state.columns.get(column)
+    if since is None or column not in images.schema.names or not has_row_versions(source, images):
+        return None
+    if since > source.version or (state.images_version or 0) > images.version:
+        return None  # a table was restored to an older version: compare everything once
+    return since
+

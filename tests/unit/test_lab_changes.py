@@ -1,0 +1,113 @@
+"""Lab sync by change: after a column's first sync, only source rows written since are joined."""
+
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.changes import SyncState, differs
+from prx_assets.core.lab.sync import caption_column, embedding_column, sync_lab
+from prx_assets.core.lab.table import table_uri
+from tests.unit.test_lab import DIM, add_captions, add_embeddings, build
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> tuple[DataRoot, list[dict]]:
+    root = DataRoot(str(tmp_path / "root"))
+    rows = sorted(build(root, tmp_path / "photos", n=12, batch_size=4), key=lambda r: r["image_id"])
+    add_captions(root, rows, "c-1", "a photo")
+    add_embeddings(root, rows, "e-1", np.eye(len(rows), DIM, dtype=np.float32))
+    return root, rows
+
+
+def _images(root: DataRoot) -> lance.LanceDataset:
+    return lance.dataset(table_uri(root, "images"))
+
+
+def _column(root: DataRoot, column: str) -> dict[str, object]:
+    t = _images(root).to_table(columns=["image_id", column])
+    return dict(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
+
+
+def test_a_sync_joins_only_what_changed(lab) -> None:
+    root, rows = lab
+    cap, emb = caption_column("c-1"), embedding_column("e-1")
+    first = sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    assert first.modes == {cap: "full", emb: "full"} and first.rows_updated == {cap: 12, emb: 12}
+    assert set(SyncState.read(root).columns) == {cap, emb}
+
+    # Nothing written since: nothing compared, nothing committed.
+    version = _images(root).version
+    again = sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    assert again.modes == {cap: "changes", emb: "changes"} and again.rows_updated == {cap: 0, emb: 0}
+    assert _images(root).version == version
+
+    # The same captions written again (a re-run): read as changed rows, equal, so no commit.
+    add_captions(root, rows, "c-1", "a photo")
+    assert sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"]).rows_updated[cap] == 0
+    assert _images(root).version == version
+
+    # Two new captions and one new vector: exactly those rows are rewritten.
+    add_captions(root, rows[3:5], "c-1", "a recaptioned photo")
+    vec = np.zeros((1, DIM), np.float32)
+    vec[0, -1] = 1.0
+    add_embeddings(root, rows[7:8], "e-1", vec)
+    res = sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    assert res.modes == {cap: "changes", emb: "changes"} and res.rows_updated == {cap: 2, emb: 1}
+    caps = _column(root, cap)
+    assert caps[rows[3]["image_id"]].startswith("a recaptioned photo") and caps[rows[0]["image_id"]].startswith("a photo")
+    assert _column(root, emb)[rows[7]["image_id"]][-1] == 1.0
+
+
+def test_an_image_ingested_again_gets_its_caption_back(lab) -> None:
+    """Deleted from the lab and inserted again (a file that went missing and came back): its caption
+    row did not change, yet the sync restores the column from it."""
+    root, rows = lab
+    cap = caption_column("c-1")
+    sync_lab(root, captioner_ids=["c-1"])
+    gone = rows[2]["image_id"]
+    images = _images(root)
+    row = images.to_table(filter=f"image_id = '{gone}'").drop_columns([cap])
+    images.delete(f"image_id = '{gone}'")
+    images = _images(root)
+    images.merge_insert("image_id").when_not_matched_insert_all().execute(row)
+    assert _column(root, cap)[gone] is None
+    res = sync_lab(root, captioner_ids=["c-1"])
+    assert res.modes[cap] == "changes" and res.rows_updated[cap] == 1
+    assert _column(root, cap)[gone].startswith("a photo")
+
+
+def test_a_table_restored_to_an_older_version_is_compared_whole(lab) -> None:
+    root, _ = lab
+    cap = caption_column("c-1")
+    sync_lab(root, captioner_ids=["c-1"])
+    state = SyncState.read(root)
+    SyncState(columns={cap: state.columns[cap] + 100}, images_version=state.images_version).write(root)
+    assert sync_lab(root, captioner_ids=["c-1"]).modes[cap] == "full"
+
+
+def test_tables_without_row_versions_sync_in_full(tmp_path: Path) -> None:
+    """Tables created before row versions were tracked still sync correctly, comparing everything."""
+    from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE
+
+    root = DataRoot(str(tmp_path / "root"))
+    rows = build(root, tmp_path / "photos", n=4, batch_size=4)
+    t = pa.Table.from_pylist([{"image_id": r["image_id"], "captioner_id": "c-1", "batch": r["batch"],
+                               "sha256": r["sha256"], "caption": "old style", "tokens": 1, "seconds": 0.1,
+                               "hit_max_tokens": False, "model": "m"} for r in rows], schema=CAPTIONS_SCHEMA)
+    lance.write_dataset(t, table_uri(root, CAPTIONS_TABLE))  # no stable row ids
+    first = sync_lab(root, captioner_ids=["c-1"])
+    second = sync_lab(root, captioner_ids=["c-1"])
+    cap = caption_column("c-1")
+    assert first.rows_updated[cap] == 4 and second.modes[cap] == "full" and second.rows_updated[cap] == 0
+
+
+def test_vector_comparison_is_vectorized_and_null_aware() -> None:
+    t = pa.list_(pa.float16(), 2)
+    cur = pa.array([[1, 2], None, [3, 4], None, [float("nan"), 1]], t)
+    new = pa.array([[1, 2], [0, 0], [3, 5], None, [float("nan"), 1]], t)
+    assert differs(cur, new).to_pylist() == [False, True, True, False, False]
+    assert differs(pa.array(["a", None, None]), pa.array(["a", None, "b"])).to_pylist() == [False, False, True]
