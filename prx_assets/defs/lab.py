@@ -116,6 +116,7 @@ def lance_table(context: dg.AssetExecutionContext, config: LabConfig, storage: S
             "columns_added": dg.MetadataValue.json(res.columns_added),
             "rows_updated": dg.MetadataValue.json(res.rows_updated),
             "sync_modes": dg.MetadataValue.json(res.modes),
+            "sync_seconds": dg.MetadataValue.json(res.seconds),
             "indexes_created": dg.MetadataValue.json(res.indexes_created),
             "index_coverage": dg.MetadataValue.md(coverage),
             CURSOR_KEY: dg.MetadataValue.json(cursor),

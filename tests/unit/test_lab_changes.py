@@ -111,3 +111,52 @@ def test_vector_comparison_is_vectorized_and_null_aware() -> None:
     new = pa.array([[1, 2], [0, 0], [3, 5], None, [float("nan"), 1]], t)
     assert differs(cur, new).to_pylist() == [False, True, True, False, False]
     assert differs(pa.array(["a", None, None]), pa.array(["a", None, "b"])).to_pylist() == [False, False, True]
+
+
+def test_a_full_comparison_walks_id_ranges_covering_every_row_once(lab) -> None:
+    from prx_assets.core.lab.changes import full_rows
+
+    root, rows = lab
+    cap = caption_column("c-1")
+    sync_lab(root, captioner_ids=["c-1"])
+    captions = lance.dataset(table_uri(root, "captions"))
+    parts = list(full_rows(captions, "caption", "captioner_id = 'c-1'", _images(root), cap, chunk=1))
+    assert len(parts) > 1
+    seen = [i for values, _ in parts for i in values.column("image_id").to_pylist()]
+    assert sorted(seen) == sorted(r["image_id"] for r in rows)
+    assert all(set(values.column("image_id").to_pylist()) == set(current.column("image_id").to_pylist())
+               for values, current in parts)  # the lab's rows of the same range, no more
+
+
+def test_a_few_changed_rows_keep_the_column_index_valid_for_the_rest(lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rewriting a column in place would leave its index covering no fragment; a small change
+    rewrites the changed rows whole instead, so only they wait for the next index fold."""
+    from prx_assets.core.lab.sync import index_coverage
+
+    root, rows = lab
+    cap = caption_column("c-1")
+    sync_lab(root, captioner_ids=["c-1"])
+    before = {c["name"]: c for c in index_coverage(_images(root))}
+    assert before[f"{cap}_idx"]["unindexed_rows"] == 0
+    fragments = len(_images(root).get_fragments())
+    add_captions(root, rows[6:7], "c-1", "one new caption")
+    merged: list[dict] = []
+    import prx_assets.core.lab.sync as sync_module
+
+    real = sync_module.ensure_indexes
+
+    def spy(ds: lance.LanceDataset, *args: object, **kwargs: object) -> list[str]:
+        merged.extend(index_coverage(ds))
+        return real(ds, *args, **kwargs)
+
+    monkeypatch.setattr(sync_module, "ensure_indexes", spy)
+    res = sync_lab(root, captioner_ids=["c-1"])
+    assert res.rows_updated[cap] == 1 and res.indexes_created == []
+    assert len(_images(root).get_fragments()) == fragments + 1  # the row moved to a new fragment
+    seen = {c["name"]: c for c in merged}  # coverage after the merge, before any fold
+    assert seen[f"{cap}_idx"]["indexed_rows"] == 11 and seen[f"{cap}_idx"]["unindexed_rows"] == 1
+    assert seen["image_id_idx"]["indexed_rows"] == 11
+    assert _column(root, cap)[rows[6]["image_id"]].startswith("one new caption")
+    assert _images(root).count_rows() == 12
+    hits = _images(root).to_table(columns=["image_id"], full_text_query="one new caption")
+    assert rows[6]["image_id"] in hits.column(0).to_pylist()  # unindexed rows are still searched

@@ -12,11 +12,13 @@ A lab column remembers the version of its source table it was last synced from (
 compares them with the lab's current values in chunks of ``chunk`` rows, and rewrites the
 column for the rows that differ. Memory is bounded by the chunk, not the table. A column
 without a cursor, a table without row versions (created before they were tracked) or a
-cursor ahead of the table (restored from a backup) falls back to the full join.
+cursor ahead of the table (restored from a backup) falls back to the full join, which
+compares one id range (about ``FULL_CHUNK_ROWS`` rows) at a time.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,12 +30,19 @@ import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lab.sql import chunks, table_by_ids, where_all, where_in
+from prx_assets.core.lab.sql import chunks, literal, table_by_ids, where_all, where_in
 
 #: Rows compared and committed at a time by a sync by change.
 CHANGE_CHUNK = 65_536
 #: Ids per lookup of new images' rows in a source table (one scan each, pushed down).
 LOOKUP_CHUNK = 4096
+#: About this many rows are compared at a time by a full sync (ids split into ranges).
+FULL_CHUNK_ROWS = 1_000_000
+#: Bytes of new values per ``merge_insert`` (one commit each).
+MERGE_BYTES = 64 * 1024 * 1024
+#: Up to this share of the table, changed rows are rewritten whole (indexes stay valid for the rest);
+#: above it, the column is rewritten in place (and its indexes rebuilt by the sync).
+ROWS_MODE_SHARE = 0.1
 
 
 @dataclass
@@ -88,6 +97,38 @@ def _matrix(arr: pa.FixedSizeListArray, dim: int, n: int) -> np.ndarray:
     return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, dim)
 
 
+def id_ranges(rows: int, chunk: int = FULL_CHUNK_ROWS) -> list[str | None]:
+    """Filters that split image ids into ranges of about ``chunk`` rows each (ids are uniform hex
+    digests); the first and last are open-ended, so every id falls in exactly one.
+
+    >>> id_ranges(10)
+    [None]
+    >>> id_ranges(20, chunk=10)[:2]
+    ["image_id < '1'", "image_id >= '1' AND image_id < '2'"]
+    """
+    parts = 1
+    while parts < rows / max(1, chunk) and parts < 65_536:
+        parts *= 16
+    if parts == 1:
+        return [None]
+    digits = len(f"{parts - 1:x}")
+    bounds = [f"{i:0{digits}x}" for i in range(1, parts)]
+    return ([f"image_id < {literal(bounds[0])}"]
+            + [f"image_id >= {literal(a)} AND image_id < {literal(b)}" for a, b in itertools.pairwise(bounds)]
+            + [f"image_id >= {literal(bounds[-1])}"])
+
+
+def full_rows(source: lance.LanceDataset, value: str, where: str | None, images: lance.LanceDataset,
+              column: str, chunk: int = FULL_CHUNK_ROWS) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """Per id range: the source's ``image_id``/``value`` and the lab's ``image_id``/``column``."""
+    for rng in id_ranges(max(source.count_rows(), images.count_rows()), chunk):
+        values = source.to_table(columns=["image_id", value], filter=where_all(where, rng))
+        if values.num_rows == 0:
+            continue
+        current = images.to_table(columns=["image_id", column], filter=rng)
+        yield values.rename_columns(["image_id", "value"]), current
+
+
 def changed_rows(source: lance.LanceDataset, value: str, where: str | None, since: int,
                  images: lance.LanceDataset, images_since: int | None,
                  chunk: int = CHANGE_CHUNK) -> Iterator[pa.Table]:
@@ -139,8 +180,35 @@ def merge_changed(images: lance.LanceDataset, column: str, field_type: pa.DataTy
     changed = pa.table({"image_id": pairs.column("image_id"), column: new.cast(field_type)}).filter(mask)
     if changed.num_rows == 0:
         return 0
-    images.merge_insert("image_id").when_matched_update_all().write_mode("rewrite_columns").execute(changed)
+    if changed.num_rows <= ROWS_MODE_SHARE * images.count_rows():
+        _rewrite_rows(images, column, changed)
+        return changed.num_rows
+    # Lance joins a merge in memory (a 300 MB pool by default): merge vectors in slices of ~64 MB.
+    step = max(1024, MERGE_BYTES * changed.num_rows // max(1, changed.nbytes))
+    for start in range(0, changed.num_rows, step):
+        part = changed.take(np.arange(start, min(start + step, changed.num_rows)))  # a copy: a slice would
+        images.merge_insert("image_id").when_matched_update_all().write_mode("rewrite_columns") \
+            .execute(part)  # carry (and be accounted) with every byte of its parent's buffers
     return changed.num_rows
+
+
+def _rewrite_rows(images: lance.LanceDataset, column: str, changed: pa.Table) -> None:
+    """Rewrite the ``changed`` rows whole, with their new ``column`` values, a slice of ~``MERGE_BYTES``
+    at a time. Rewritten rows move to new fragments, so every index stays valid for all other rows
+    (rewriting a column in place would leave the column's indexes covering none of its fragments)."""
+    rows = max(1, images.count_rows())
+    row_bytes = sum(df.file_size_bytes or 0 for f in images.get_fragments() for df in f.data_files()) // rows
+    step = max(16, MERGE_BYTES // max(1, row_bytes + changed.nbytes // max(1, changed.num_rows)))
+    names = images.schema.names
+    at = names.index(column)
+    for start in range(0, changed.num_rows, step):
+        part = changed.slice(start, step)
+        ids = part.column("image_id").to_pylist()
+        full = table_by_ids(images, ids, names).select(names)
+        pos = {image_id: i for i, image_id in enumerate(ids)}
+        order = pa.array([pos[i] for i in full.column("image_id").to_pylist()], pa.int64())
+        full = full.set_column(at, images.schema.field(column), part.column(column).take(order))
+        images.merge_insert("image_id").when_matched_update_all().execute(full)
 
 
 def has_row_versions(*tables: lance.LanceDataset) -> bool:

@@ -9,7 +9,7 @@ column, later syncs join only the source rows written since (Lance row versions,
 :mod:`prx_assets.core.lab.changes`): a sync costs what changed, not what exists.
 
 Indexes are created when missing and folded forward incrementally
-(``optimize_indices``): BTREE on ids, hashes and numeric metadata, BITMAP on
+(``optimize_indices``) once more than ``FOLD_ABOVE`` of the rows are unindexed: BTREE on ids, hashes and numeric metadata, BITMAP on
 low-cardinality columns, INVERTED (full text) on caption columns, and IVF_PQ on
 embedding columns once the table has ``vector_index_min_rows`` rows (below that, vector
 search is exact). Every sync moves the ``published`` tag to the version it produced.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lab.changes import SyncState, changed_rows, compare_and_merge, cursor_for, merge_changed
+from prx_assets.core.lab.changes import (
+    SyncState,
+    changed_rows,
+    compare_and_merge,
+    cursor_for,
+    full_rows,
+    merge_changed,
+)
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
 from prx_assets.core.lab.sql import where_eq
 from prx_assets.core.lab.table import open_table, table_uri
@@ -77,6 +85,7 @@ class LabSync:
     columns_added: list[str] = field(default_factory=list)
     rows_updated: dict[str, int] = field(default_factory=dict)
     modes: dict[str, str] = field(default_factory=dict)  # column -> "changes" (by row versions) or "full"
+    seconds: dict[str, float] = field(default_factory=dict)  # "join", "indexes", "stats"
     indexes_created: list[str] = field(default_factory=list)
     indexes: list[dict[str, Any]] = field(default_factory=list)
     tags: dict[str, int] = field(default_factory=dict)
@@ -96,13 +105,11 @@ def sync_column(images: lance.LanceDataset, source: lance.LanceDataset, column: 
     if column not in images.schema.names:
         images.add_columns(pa.schema([pa.field(column, field_type)]))
         added = True
-    if since is None:
-        values = source.to_table(columns=["image_id", value], filter=where).rename_columns(["image_id", "value"])
-        if values.num_rows == 0:
-            return added, 0, "full"
-        current = images.to_table(columns=["image_id", column])
-        return added, merge_changed(images, column, field_type, values, current), "full"
     updated = 0
+    if since is None:
+        for values, current in full_rows(source, value, where, images, column):
+            updated += merge_changed(images, column, field_type, values, current)
+        return added, updated, "full"
     for part in changed_rows(source, value, where, since, images, state.images_version):
         updated += compare_and_merge(images, column, field_type, part)
     return added, updated, "changes"
@@ -114,8 +121,17 @@ def _without_centroids() -> None:
     os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
 
 
-def ensure_indexes(ds: lance.LanceDataset, vector_index_min_rows: int = 10_000) -> list[str]:
-    """Create missing indexes, then fold unindexed rows into existing ones. Returns created names."""
+#: Unindexed share of the rows at which a sync folds them into an index (below it, the
+#: ``lance_maintenance`` job does; queries still see every row meanwhile, by scanning the rest).
+FOLD_ABOVE = 0.05
+
+
+def ensure_indexes(ds: lance.LanceDataset, vector_index_min_rows: int = 10_000,
+                   fold_above: float = FOLD_ABOVE) -> list[str]:
+    """Create missing indexes, then fold unindexed rows into the existing indexes that have more
+    than ``fold_above`` of the rows unindexed (folding rewrites the touched fragments' part of an
+    index, so doing it for every small change costs what exists, not what changed). Returns
+    created names."""
     _without_centroids()
     existing = {tuple(ix.field_names) for ix in ds.describe_indices()}
     created = []
@@ -140,9 +156,17 @@ def ensure_indexes(ds: lance.LanceDataset, vector_index_min_rows: int = 10_000) 
             ds.create_index(col, index_type="IVF_PQ", num_partitions=max(1, int(math.sqrt(indexed))),
                             num_sub_vectors=sub, metric="cosine")
             created.append(f"{col}:IVF_PQ")
-    if existing:  # fold rows written since those indexes were built into them
-        ds.optimize.optimize_indices()
+    stale = [ix["name"] for ix in index_coverage(ds) if ix["name"] not in created_names(ds, created)
+             and ix["unindexed_rows"] > fold_above * rows]
+    if stale:  # fold rows written since those indexes were built into them
+        ds.optimize.optimize_indices(index_names=stale)
     return created
+
+
+def created_names(ds: lance.LanceDataset, created: Sequence[str]) -> set[str]:
+    """Index names of the ``column:KIND`` entries just created (they are current)."""
+    cols = {c.split(":", 1)[0] for c in created}
+    return {ix.name for ix in ds.describe_indices() if set(ix.field_names) <= cols}
 
 
 def index_coverage(ds: lance.LanceDataset) -> list[dict[str, Any]]:
@@ -193,6 +217,7 @@ def sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None = None,
     if images is None:
         return out
     out.input_version = images.version
+    started = time.perf_counter()
     state = SyncState.read(root)
     synced = SyncState(columns=dict(state.columns), images_version=images.version)
     jobs: list[tuple[lance.LanceDataset, str, pa.DataType, str, str | None]] = []
@@ -215,7 +240,11 @@ def sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None = None,
         synced.columns[col] = source.version
     if synced != state:
         synced.write(root)  # after the commits: a crash before this only repeats the comparison
+    out.seconds["join"] = round(time.perf_counter() - started, 3)
+    started = time.perf_counter()
     out.indexes_created = ensure_indexes(images, vector_index_min_rows)
+    out.seconds["indexes"] = round(time.perf_counter() - started, 3)
+    started = time.perf_counter()
     images = lance.dataset(images.uri, storage_options=opts)  # latest version after all commits
     if publish:
         tag_version(images, PUBLISHED_TAG, images.version)
@@ -225,4 +254,5 @@ def sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None = None,
     out.size_bytes = dataset_size(images)
     out.indexes = index_coverage(images)
     out.tags = {k: v["version"] for k, v in images.tags.list().items()}
+    out.seconds["stats"] = round(time.perf_counter() - started, 3)
     return out

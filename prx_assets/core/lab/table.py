@@ -1,8 +1,10 @@
 """Lance table access: create on first use, replace one partition's rows atomically.
 
-``replace_partition`` is a single Lance ``merge_insert`` commit keyed by ``image_id``:
-new rows are inserted, rows whose content changed are updated, and rows of the same
-partition that are no longer produced are deleted. Re-running a partition therefore
+``replace_partition`` is a single Lance commit: for a new partition whose keys are not in
+the table yet (the common case: a new ingest batch), an append, which costs the same at any
+table size; otherwise a ``merge_insert`` keyed by ``image_id``: new rows are inserted, rows
+whose content changed are updated, and rows of the same partition that are no longer
+produced are deleted. Re-running a partition therefore
 never duplicates rows, readers never see a half-replaced partition, unchanged rows
 (same original hash and normalization settings) are not rewritten, and a run that changes
 nothing commits nothing (no new Lance version: identity follows content).
@@ -21,7 +23,7 @@ import pyarrow as pa
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lab.sql import where_eq
+from prx_assets.core.lab.sql import chunks, where_eq, where_in
 from prx_assets.errors import StorageError
 
 
@@ -125,6 +127,18 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
                 part = b.select([key, *cols]).to_pydict()
                 for i, k in enumerate(part[key]):
                     new_keys[k] = tuple(part[c][i] for c in cols)
+        stored = ds.count_rows(filter=where_eq(partition_column, partition_value)) if ds.count_rows() else 0
+        if stored == 0 and not new_keys:
+            return WriteResult(version=ds.version, inserted=0, updated=0, deleted=0)
+        if stored == 0 and not _any_key_exists(ds, key, list(new_keys)):
+            # A new partition whose keys are nowhere in the table: an append, whose cost does not
+            # grow with the table (a merge joins against every key of it).
+            with pa.memory_map(spool) as source:
+                reader = pa.ipc.open_file(source)
+                stream = pa.RecordBatchReader.from_batches(
+                    schema, (reader.get_batch(i) for i in range(reader.num_record_batches)))
+                out = lance.write_dataset(stream, uri, schema=schema, mode="append", storage_options=storage_options)
+            return WriteResult(version=out.version, inserted=len(new_keys), updated=0, deleted=0)
         if _partition_equals(ds, partition_column, partition_value, key, cols, new_keys):
             return WriteResult(version=ds.version, inserted=0, updated=0, deleted=0)
         builder = ds.merge_insert(key)
@@ -156,6 +170,11 @@ def _partition_equals(ds: lance.LanceDataset, partition_column: str, partition_v
                 return False
             seen += 1
     return seen == len(new)
+
+
+def _any_key_exists(ds: lance.LanceDataset, key: str, keys: Sequence[str]) -> bool:
+    """Whether any of ``keys`` is in the table (looked up in chunks, by the key's index when it has one)."""
+    return any(ds.count_rows(filter=where_in(key, part)) for part in chunks(keys, 4096))
 
 
 def _conform(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
