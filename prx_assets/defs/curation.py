@@ -76,7 +76,7 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     subset = select(ds, recipe, known_captioner_ids=models.captioner_ids(), embedding_column=emb_col,
                     optouts=optouts)
     stored = write_subset(root, ds, recipe, subset)
-    context.log.info(f"{recipe.name}: {len(subset.image_ids)} of {subset.total} images at Lance version "
+    context.log.info(f"{recipe.name}: {subset.count} of {subset.total} images at Lance version "
                      f"{subset.version}; dropped {subset.dropped}")
     lab_version = latest_data_version(context.instance, lance_table.key, None) if config.lance_version is None \
         else f"lance-v{config.lance_version}"
@@ -86,7 +86,7 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     return dg.MaterializeResult(
         data_version=dg.DataVersion(stored.subset_id),
         metadata={
-            "dagster/row_count": dg.MetadataValue.int(len(subset.image_ids)),
+            "dagster/row_count": dg.MetadataValue.int(subset.count),
             "subset_id": stored.subset_id,
             "subset_uri": dg.MetadataValue.path(stored.uri),
             "lance_version": stored.manifest.lance_version,
@@ -97,7 +97,7 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
             "optout_requests": dg.MetadataValue.json(subset.optout_dropped),
             "aspect_buckets": dg.MetadataValue.json(subset.buckets),
             "caption_columns": dg.MetadataValue.json(subset.caption_columns),
-            **subset_pictures(ds, subset.image_ids, subset.caption_columns[0] if subset.caption_columns else None,
+            **subset_pictures(ds, subset.selected.column("image_id"), subset.caption_columns[0] if subset.caption_columns else None,
                               subset.buckets, subset.dropped),
             "candidates": subset.total,
             FINGERPRINT_KEY: dg.MetadataValue.text(fp),

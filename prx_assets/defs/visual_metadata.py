@@ -10,6 +10,7 @@ from typing import Any
 
 import dagster as dg
 import lance
+import pyarrow as pa
 
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE
@@ -128,11 +129,12 @@ def _length_bin(n: int) -> str:
     return "80+"
 
 
-def subset_pictures(lab: lance.LanceDataset, ids: Sequence[str], caption_column: str | None,
+def subset_pictures(lab: lance.LanceDataset, ids: Sequence[str] | pa.ChunkedArray, caption_column: str | None,
                     buckets: Mapping[str, int], dropped: Mapping[str, int]) -> dict[str, dg.MetadataValue]:
     """curated_subsets: a contact sheet of selected images, bucket and dropped-by-rule charts."""
     try:
-        pick = list(ids[:: max(1, len(ids) // SHEET_SIZE)])[:SHEET_SIZE]
+        step = max(1, len(ids) // SHEET_SIZE)
+        pick = [str(ids[i]) for i in range(0, len(ids), step)][:SHEET_SIZE]  # a list or an Arrow column
         cols = ["image_id", "jpeg", "width", "height"] + ([caption_column] if caption_column else [])
         sample = lab.to_table(columns=cols, filter=where_in("image_id", pick)
                               ).to_pylist()

@@ -10,8 +10,9 @@ import pytest
 from PIL import Image
 
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.dedup import near_duplicates_phash
 from prx_assets.core.curate.recipes import Dedup, Recipe, load_recipes
-from prx_assets.core.curate.selection import CurationError, near_duplicates_phash, select
+from prx_assets.core.curate.selection import CurationError, select
 from prx_assets.core.lab.sync import embedding_column, sync_lab
 from prx_assets.core.lab.table import table_uri
 from prx_assets.errors import ConfigError

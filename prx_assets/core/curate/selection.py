@@ -14,14 +14,18 @@ from another Lance version that holds the same content gives the same id.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import lance
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from prx_assets.core.curate.dedup import first_occurrences, near_duplicates_embedding, near_duplicates_phash
 from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.lab.sql import where_in
@@ -33,20 +37,38 @@ class CurationError(PrxError):
     """A recipe that cannot run against the lab (unknown column or captioner, bad predicate)."""
 
 
+SELECTED_SCHEMA = pa.schema([("image_id", pa.string()), ("digest", pa.string())])
+
+
 @dataclass
 class Subset:
     """The result of a recipe at one Lance version."""
 
     recipe: str
     version: int
-    image_ids: list[str] = field(default_factory=list)
+    #: The selected images in id order: ``image_id`` and content ``digest`` (an Arrow table, not lists).
+    selected: pa.Table = field(default_factory=SELECTED_SCHEMA.empty_table)
     caption_columns: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
     buckets: dict[str, int] = field(default_factory=dict)
     total: int = 0
     content_hash: str = ""
-    digests: list[str] = field(default_factory=list)  # content_digest per image id, same order
     optout_dropped: dict[str, int] = field(default_factory=dict)  # request id -> images it removed
+
+    @property
+    def count(self) -> int:
+        """How many images were selected."""
+        return self.selected.num_rows
+
+    @property
+    def image_ids(self) -> list[str]:
+        """The selected ids as a Python list (for small subsets and tests; use ``selected`` at scale)."""
+        return self.selected.column("image_id").to_pylist()
+
+    @property
+    def digests(self) -> list[str]:
+        """The content digests, in ``image_ids`` order (see :attr:`image_ids`)."""
+        return self.selected.column("digest").to_pylist()
 
 
 def resolve_caption_columns(ds: lance.LanceDataset, names: Sequence[str], known_ids: Sequence[str],
@@ -92,51 +114,6 @@ def _count(ds: lance.LanceDataset, clauses: list[str], recipe: str) -> int:
                             f"Columns: {', '.join(ds.schema.names)}") from None
 
 
-def near_duplicates_phash(hashes: Sequence[int], distance: int) -> list[bool]:
-    """Greedy in the given order: keep an item unless it is within ``distance`` bits of a kept one.
-
-    Candidates are found by splitting the 64 bits into ``distance + 1`` bands: two hashes
-    within the distance agree on at least one band (pigeonhole), so no pair is missed.
-    """
-    bands = distance + 1
-    width = 64 // bands
-    masks = [((1 << (width if b < bands - 1 else 64 - width * (bands - 1))) - 1, b * width) for b in range(bands)]
-    buckets: list[dict[int, list[int]]] = [{} for _ in range(bands)]
-    keep = []
-    for h in hashes:
-        keys = [(h >> shift) & mask for mask, shift in masks]
-        dup = False
-        for b, k in enumerate(keys):
-            for other in buckets[b].get(k, ()):
-                if (h ^ other).bit_count() <= distance:
-                    dup = True
-                    break
-            if dup:
-                break
-        keep.append(not dup)
-        if not dup:
-            for b, k in enumerate(keys):
-                buckets[b].setdefault(k, []).append(h)
-    return keep
-
-
-def near_duplicates_embedding(vectors: np.ndarray, threshold: float) -> list[bool]:
-    """Greedy in the given order: keep a vector unless its cosine with a kept one is >= threshold."""
-    kept = np.zeros((len(vectors), vectors.shape[1] if vectors.ndim == 2 else 0), np.float32)
-    n_kept = 0
-    keep = []
-    for v in vectors:
-        if v is None or not np.isfinite(v).all():
-            keep.append(True)
-            continue
-        dup = n_kept > 0 and float(np.max(kept[:n_kept] @ v)) >= threshold
-        keep.append(not dup)
-        if not dup:
-            kept[n_kept] = v
-            n_kept += 1
-    return keep
-
-
 def content_digest(sha256: str, ingest_config: str, captions: Mapping[str, str | None]) -> str:
     """What a consumer reads of one image: the original (``sha256``), how it was normalized
     (``ingest_config``: a re-encode at another quality is new content) and its caption texts.
@@ -165,7 +142,11 @@ def content_hash(caption_columns: Sequence[str], items: Iterable[tuple[str, str]
 def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence[str] = (),
            embedding_column: str | None = None, optouts: Sequence[OptOutRequest] = ()) -> Subset:
     """Run ``recipe`` on the lab version ``ds`` (see module docs); ``optouts`` (recorded requests)
-    apply to every recipe, each with its own drop count in ``Subset.optout_dropped``."""
+    apply to every recipe, each with its own drop count in ``Subset.optout_dropped``.
+
+    The candidates are one Arrow table (the filters pushed down to Lance); every rule is a
+    vectorized mask over it (see :mod:`prx_assets.core.curate.dedup`), never a list of rows.
+    """
     out = Subset(recipe=recipe.name, version=ds.version, total=ds.count_rows())
     captions = list(recipe.captions) + [n for n, _ in recipe.caption_mix if n not in recipe.captions]
     out.caption_columns = resolve_caption_columns(ds, captions, known_captioner_ids, recipe.name)
@@ -185,53 +166,82 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
                                 f"embedding column {embedding_column!r}; materialize image_embeddings "
                                 "and lance_table first")
         cols.append(embedding_column)
-    rows = ds.to_table(columns=cols, filter=" AND ".join(clauses) or None).to_pylist()
-    rows.sort(key=lambda r: (-(r["width"] * r["height"]), r["image_id"]))
+    t = ds.to_table(columns=cols, filter=" AND ".join(clauses) or None)
+    area = pc.multiply(pc.cast(t.column("width"), pa.int64()), pc.cast(t.column("height"), pa.int64()))
+    t = t.append_column("_area", area)
+    t = t.take(pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]))
 
-    def apply(rule: str, keep: list[bool]) -> None:
-        nonlocal rows
-        out.dropped[rule] = len(rows) - sum(keep)
-        rows = [r for r, k in zip(rows, keep, strict=True) if k]
+    def apply(rule: str, keep: pa.Array | np.ndarray) -> int:
+        nonlocal t
+        mask = keep if isinstance(keep, pa.Array | pa.ChunkedArray) else pa.array(np.asarray(keep, dtype=bool))
+        before = t.num_rows
+        t = t.filter(mask)
+        out.dropped[rule] = before - t.num_rows
+        return before - t.num_rows
+
+    def not_in(ids: Iterable[str], uris: Iterable[str]) -> pa.Array:
+        gone = pc.or_(pc.is_in(t.column("image_id"), value_set=pa.array(list(ids), pa.string())),
+                      pc.is_in(t.column("uri"), value_set=pa.array(list(uris), pa.string())))
+        return pc.invert(gone)
 
     ids_out, uris_out = recipe.optout_ids(), recipe.optout_uris()
     if ids_out or uris_out:
-        apply("optout", [r["image_id"] not in ids_out and r["uri"] not in uris_out for r in rows])
+        apply("optout", not_in(ids_out, uris_out))
     for req in optouts:
-        req_ids, req_uris = set(req.image_ids), set(req.uris)
-        keep = [r["image_id"] not in req_ids and r["uri"] not in req_uris for r in rows]
-        out.optout_dropped[req.request_id] = len(rows) - sum(keep)
-        rows = [r for r, k in zip(rows, keep, strict=True) if k]
+        out.optout_dropped[req.request_id] = apply("_request", not_in(req.image_ids, req.uris))
+    out.dropped.pop("_request", None)
     if optouts:
         out.dropped["optout_requests"] = sum(out.optout_dropped.values())
     if out.caption_columns:
-        apply("no_caption", [any(r[c] for c in out.caption_columns) for r in rows])
+        has = [pc.fill_null(pc.not_equal(t.column(c), ""), False) for c in out.caption_columns]
+        apply("no_caption", functools.reduce(pc.or_, has))
     if recipe.dedup.exact:
-        seen: set[str] = set()
-        keep = []
-        for r in rows:
-            keep.append(r["sha256"] not in seen)
-            seen.add(r["sha256"])
-        apply("dedup_exact", keep)
+        apply("dedup_exact", first_occurrences(t.column("sha256").combine_chunks().dictionary_encode()
+                                               .indices.to_numpy()))
     if recipe.dedup.phash_distance is not None:
-        apply("dedup_phash", near_duplicates_phash([int(r["phash"]) for r in rows],
+        apply("dedup_phash", near_duplicates_phash(t.column("phash").to_numpy().astype(np.uint64),
                                                    int(recipe.dedup.phash_distance)))
-    if threshold is not None:
-        vecs = np.array([r[embedding_column] for r in rows], np.float32) if rows else np.zeros((0, 1), np.float32)
+    if threshold is not None and embedding_column is not None:
+        vecs = _vectors(t.column(embedding_column))
         apply("dedup_embedding", near_duplicates_embedding(vecs, float(threshold)))
-    ids = sorted(r["image_id"] for r in rows)
-    if recipe.cap is not None and len(ids) > recipe.cap:
-        pick = np.random.default_rng(recipe.seed).permutation(len(ids))[: recipe.cap]
-        chosen = sorted(ids[int(i)] for i in pick)
-        out.dropped["cap"] = len(ids) - len(chosen)
-        ids = chosen
-    out.image_ids = ids
-    by_row = {r["image_id"]: r for r in rows}
-    out.digests = [content_digest(by_row[i]["sha256"], by_row[i]["ingest_config"],
-                                  {c: by_row[i][c] for c in out.caption_columns}) for i in ids]
-    out.content_hash = content_hash(out.caption_columns, zip(ids, out.digests, strict=True))
-    by_id = {r["image_id"]: r["aspect_bucket"] for r in rows}
-    buckets: dict[str, int] = {}
-    for i in ids:
-        buckets[by_id[i]] = buckets.get(by_id[i], 0) + 1
-    out.buckets = dict(sorted(buckets.items()))
+    t = t.take(pc.sort_indices(t, sort_keys=[("image_id", "ascending")]))
+    if recipe.cap is not None and t.num_rows > recipe.cap:
+        pick = np.sort(np.random.default_rng(recipe.seed).permutation(t.num_rows)[: recipe.cap])
+        out.dropped["cap"] = t.num_rows - len(pick)
+        t = t.take(pa.array(pick))
+    out.selected = pa.table({"image_id": t.column("image_id"), "digest": _digests(t, out.caption_columns)},
+                            schema=SELECTED_SCHEMA)
+    out.content_hash = content_hash(out.caption_columns, _pairs(out.selected))
+    counts = pc.value_counts(t.column("aspect_bucket")).to_pylist() if t.num_rows else []
+    out.buckets = dict(sorted((c["values"], int(c["counts"])) for c in counts))
     return out
+
+
+def _vectors(column: pa.ChunkedArray) -> np.ndarray:
+    """A fixed-size list column as an ``n x dim`` float32 matrix (null rows as NaN)."""
+    arr = column.combine_chunks()
+    dim = arr.type.list_size
+    if len(arr) == 0:
+        return np.zeros((0, dim), np.float32)
+    values = arr.values.slice(arr.offset * dim, len(arr) * dim).to_numpy(zero_copy_only=False)
+    out = np.asarray(values, dtype=np.float32).reshape(len(arr), dim).copy()
+    out[np.asarray(arr.is_null())] = np.nan
+    return out
+
+
+def _digests(t: pa.Table, caption_columns: Sequence[str], chunk: int = 65_536) -> pa.Array:
+    """The content digest of every row of ``t``, computed a chunk of rows at a time."""
+    parts = []
+    for start in range(0, t.num_rows, chunk):
+        part = t.slice(start, chunk).select(["sha256", "ingest_config", *caption_columns]).to_pydict()
+        caps = [part[c] for c in caption_columns]
+        parts.append(pa.array([content_digest(sha, cfg, {c: v[k] for c, v in zip(caption_columns, caps, strict=True)})
+                               for k, (sha, cfg) in enumerate(zip(part["sha256"], part["ingest_config"],
+                                                                  strict=True))], pa.string()))
+    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
+
+
+def _pairs(selected: pa.Table, chunk: int = 65_536) -> Iterator[tuple[str, str]]:
+    for start in range(0, selected.num_rows, chunk):
+        part = selected.slice(start, chunk)
+        yield from zip(part.column("image_id").to_pylist(), part.column("digest").to_pylist(), strict=True)

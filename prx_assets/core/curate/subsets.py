@@ -56,15 +56,14 @@ def write_subset(root: DataRoot, ds: lance.LanceDataset, recipe: Recipe, subset:
         return StoredSubset(subset_id=sid, uri=root.join(layout.subset_dir(recipe.name, sid)),
                             tag=manifest.lance_tag or "", manifest=manifest, reused=True)
     buf = io.BytesIO()
-    pq.write_table(pa.table({"image_id": pa.array(subset.image_ids, pa.string()),
-                             "digest": pa.array(subset.digests, pa.string())}), buf)
+    pq.write_table(subset.selected.select(["image_id", "digest"]), buf)
     root.write_bytes(layout.subset_ids(recipe.name, sid), buf.getvalue())
     tag = f"subset-{recipe.name}-v{subset.version}"
     tag_version(ds, tag, subset.version)
     manifest = SubsetManifest(
         subset_id=sid, recipe=recipe.name, recipe_hash=recipe.recipe_hash(), lance_uri=ds.uri,
         lance_version=subset.version, lance_tag=tag, ids=root.join(layout.subset_ids(recipe.name, sid)),
-        selected=len(subset.image_ids), total=subset.total, dropped=dict(subset.dropped),
+        selected=subset.count, total=subset.total, dropped=dict(subset.dropped),
         buckets=dict(subset.buckets), caption_columns=tuple(subset.caption_columns),
         optout_requests=dict(subset.optout_dropped), version=subset.version)
     root.write_bytes(layout.subset_manifest(recipe.name, sid), manifest.to_json())
