@@ -114,7 +114,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
     from prx_assets.defs.ingest import discover_batches
 
     instance = _instance()
-    reports = discover_batches(_root(), load_sources(), only=args.source)
+    reports = discover_batches(_root(), load_sources(), only=args.source, full=args.full)
     new = register_partitions(instance, reports)
     for r in reports:
         changed = f", {r['changed_units']} changed (not re-batched)" if r["changed_units"] else ""
@@ -627,6 +627,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=cmd_models)
     s = sub.add_parser("discover", help="find new files and register ingest-batch partitions")
     s.add_argument("--source", help="only this source")
+    s.add_argument("--full", action="store_true",
+                   help="list every file again and report changed ones (the default lists only what changed)")
     s.set_defaults(fn=cmd_discover)
     r = sub.add_parser("run", help="materialize missing or stale partitions in dependency order")
     r.add_argument("--select", help="Dagster asset selection, e.g. 'raw_images' or 'raw_images+'")

@@ -204,13 +204,14 @@ ingest_job = dg.define_asset_job(
 
 
 def discover_batches(root: DataRoot, sources: SourcesConfig, s3_client: Any = None,
-                     only: str | None = None) -> list[dict[str, Any]]:
-    """Run discovery for every source (or one) and return their summaries with batch lists."""
+                     only: str | None = None, full: bool = False) -> list[dict[str, Any]]:
+    """Run discovery for every source (or one) and return their summaries with batch lists
+    (``full``: list every file again and report changed ones)."""
     out = []
     for cfg in sources.sources:
         if only and cfg.name != only:
             continue
-        rep = discover(cfg, reader_for(cfg, s3_client=s3_client), root)
+        rep = discover(cfg, reader_for(cfg, s3_client=s3_client), root, full=full)
         summary = rep.summary()
         summary["all_batches"] = rep.all_batches
         out.append(summary)

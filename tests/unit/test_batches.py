@@ -59,8 +59,36 @@ def test_discovery_creates_immutable_batches_and_new_drops_get_new_ones(tmp_path
     assert third.new_batches == ["photos-00004"]
     assert {u.key for u in load_manifest(root, "photos-00004").units} == {
         "img_7_000.jpg", "sub/img_7_001.png"}
-    assert third.changed_units == ["zero.jpg"]
+    assert third.changed_units == []  # known files are not re-checked by an incremental listing...
+    full = discover(cfg, reader_for(cfg), root, full=True)
+    assert full.changed_units == ["zero.jpg"] and full.new_batches == []  # ...a full one reports them
     assert root.read_bytes(manifest_path("photos", 1)) == first
+
+
+def test_an_incremental_listing_skips_unchanged_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only folders whose mtime changed are listed, and no known file is stat-ed."""
+    import time
+
+    root = DataRoot(str(tmp_path / "root"))
+    folder = tmp_path / "photos"
+    for i in range(3):
+        write_folder_corpus(folder / f"day{i}", n=2, seed=i, broken=False)
+    old = time.time_ns() - 10**10
+    for d in [folder, *folder.rglob("*")]:
+        if d.is_dir():
+            os.utime(d, ns=(old, old))  # settled folders (not modified within the last second)
+    cfg = folder_source(folder)
+    first = discover(cfg, reader_for(cfg), root)
+    assert first.new_units == 6
+    listed: list[str] = []
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda p: listed.append(str(p)) or real(p))
+    write_folder_corpus(folder / "day3", n=2, seed=3, broken=False)  # a drop: a new folder
+    second = discover(cfg, reader_for(cfg), root)
+    assert second.new_units == 2 and second.new_batches == ["photos-00003"]
+    source_dirs = sorted(Path(p).relative_to(tmp_path).as_posix() for p in listed if Path(p).is_relative_to(folder))
+    assert source_dirs == ["photos", "photos/day3", "photos/day3/sub"]  # the root changed, new folders
+    assert discover(cfg, reader_for(cfg), root).new_units == 0
 
 
 def test_lost_claim_restarts_without_duplicating_units(tmp_path: Path) -> None:
@@ -104,3 +132,35 @@ def test_manifest_json_is_readable(tmp_path: Path) -> None:
     doc = json.loads(m.to_bytes())
     assert doc["key"] == "a-00002" and doc["units"][0]["key"] == "k"
     assert BatchManifest.from_bytes(m.to_bytes()) == m
+
+
+def test_the_manifest_index_spares_parsing_every_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Discovery reads known units from Parquet index segments; manifests past the index (written by
+    another discoverer) are parsed and then indexed; many segments are folded into one."""
+    import prx_assets.core.ingest.batches as batches
+
+    root = DataRoot(str(tmp_path / "root"))
+    folder = tmp_path / "photos"
+    cfg = folder_source(folder, batch_size=2)
+    for i in range(4):
+        write_folder_corpus(folder / f"drop{i}", n=2, seed=i, broken=False)
+        discover(cfg, reader_for(cfg), root)
+    index = root.list("ingest/batches/photos/_index")
+    assert index and all(p.endswith(".parquet") for p in index)
+    known = batches.load_known(root, "photos")
+    assert known.covered == known.seqs[-1]
+    assert known.units == {u.key: u for m in load_manifests(root, "photos") for u in m.units}
+
+    parsed: list[int] = []
+    real = batches.BatchManifest.from_bytes
+    monkeypatch.setattr(batches.BatchManifest, "from_bytes",
+                        classmethod(lambda cls, data: parsed.append(1) or real(data)))
+    again = discover(cfg, reader_for(cfg), root)
+    assert again.new_batches == [] and not parsed  # nothing parsed: the index covers every batch
+
+    monkeypatch.setattr(batches, "MAX_SEGMENTS", 2)
+    write_folder_corpus(folder / "drop9", n=1, seed=9, broken=False)
+    discover(cfg, reader_for(cfg), root)
+    known = batches.load_known(root, "photos")
+    assert len(known.segments) == 1 and known.covered == known.seqs[-1]  # folded into one segment
+    assert known.units == {u.key: u for m in load_manifests(root, "photos") for u in m.units}

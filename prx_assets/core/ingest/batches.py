@@ -12,10 +12,14 @@ key of a batch is ``<source>-<seq>`` (for example ``photos-00003``).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from prx_assets.core import layout
 from prx_assets.core.config.project import SourceConfig
@@ -85,13 +89,91 @@ def manifest_path(source: str, seq: int) -> str:
     return layout.batch_manifest(source, seq)
 
 
+def _manifest_seq(rel: str) -> int | None:
+    """The batch number of a manifest path (``None`` for the index and cursors beside them)."""
+    name = rel.rsplit("/", 1)[-1]
+    return int(name[:-5]) if name.endswith(".json") and name[:-5].isdigit() else None
+
+
 def load_manifests(root: DataRoot, source: str) -> list[BatchManifest]:
-    """All manifests of a source, in batch order."""
+    """All manifests of a source, in batch order (parses every one: for listings, not planning)."""
     out = []
     for rel in root.list(layout.batches_dir(source)):
-        if rel.endswith(".json"):
+        if _manifest_seq(rel) is not None:
             out.append(BatchManifest.from_bytes(root.read_bytes(rel)))
     return sorted(out, key=lambda m: m.seq)
+
+
+UNITS_SCHEMA = pa.schema([("seq", pa.int64()), ("key", pa.string()), ("size", pa.int64()),
+                          ("stamp", pa.string()), ("weight", pa.int64())])
+#: Index segments read at most; past this many, discovery writes one segment covering them all.
+MAX_SEGMENTS = 16
+
+
+def _segment_path(source: str, first: int, last: int) -> str:
+    return f"{layout.batches_dir(source)}/_index/{first:05d}-{last:05d}.parquet"
+
+
+@dataclass
+class KnownUnits:
+    """Every unit already in a batch of a source, from the manifest index plus the manifests it
+    does not cover yet (one Parquet read per segment instead of one JSON parse per batch)."""
+
+    seqs: list[int]
+    keys: list[str]  # partition keys of every batch, in order
+    units: dict[str, Unit]
+    covered: int  # manifests 1..covered are in index segments
+    segments: list[pa.Table] = field(default_factory=list)
+
+
+def load_known(root: DataRoot, source: str) -> KnownUnits:
+    """The units of every batch of ``source``: index segments, then manifests past them."""
+    listing = root.list(layout.batches_dir(source))
+    seqs = sorted(q for q in (_manifest_seq(p) for p in listing) if q is not None)
+    spans = []
+    for p in listing:
+        name = p.rsplit("/", 1)[-1]
+        if "/_index/" in p and name.endswith(".parquet") and "-" in name:
+            first, last = name[:-8].split("-", 1)
+            if first.isdigit() and last.isdigit():
+                spans.append((int(first), int(last), p))
+    covered, tables = 0, []
+    for first, last, p in sorted(spans, key=lambda x: (x[0], -x[1])):
+        if first == covered + 1 and last > covered:  # contiguous from batch 1, longest first
+            tables.append(pq.read_table(io.BytesIO(root.read_bytes(p))))
+            covered = last
+    covered = min(covered, seqs[-1] if seqs else 0)
+    units: dict[str, Unit] = {}
+    for t in tables:
+        for key, size, stamp, weight in zip(*(t.column(c).to_pylist() for c in ("key", "size", "stamp", "weight")),
+                                            strict=True):
+            units[key] = Unit(key=key, size=size, stamp=stamp, weight=weight)
+    for seq in seqs:
+        if seq > covered:
+            for u in BatchManifest.from_bytes(root.read_bytes(manifest_path(source, seq))).units:
+                units[u.key] = u
+    return KnownUnits(seqs=seqs, keys=[batch_key(source, q) for q in seqs], units=units, covered=covered,
+                      segments=tables)
+
+
+def write_index(root: DataRoot, source: str, known: KnownUnits, new: list[BatchManifest]) -> None:
+    """Record the manifests the index does not cover yet as one more segment (or, past
+    ``MAX_SEGMENTS``, every manifest as one segment). Derived data: the manifests stay the truth."""
+    manifests = [BatchManifest.from_bytes(root.read_bytes(manifest_path(source, q)))
+                 for q in known.seqs if q > known.covered] + new
+    if not manifests:
+        return
+    rows = [(m.seq, u.key, u.size, u.stamp, u.weight) for m in manifests for u in m.units]
+    fresh = pa.table(dict(zip(UNITS_SCHEMA.names, map(list, zip(*rows, strict=True)), strict=True))
+                     if rows else {n: [] for n in UNITS_SCHEMA.names}, schema=UNITS_SCHEMA)
+    last = max(m.seq for m in manifests)
+    if len(known.segments) + 1 > MAX_SEGMENTS:
+        table, first = pa.concat_tables([*[t.cast(UNITS_SCHEMA) for t in known.segments], fresh]), 1
+    else:
+        table, first = fresh, known.covered + 1
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    root.write_bytes(_segment_path(source, first, last), buf.getvalue())
 
 
 def load_manifest(root: DataRoot, key: str) -> BatchManifest:
@@ -146,22 +228,38 @@ def group_units(units: list[Unit], batch_size: int) -> list[list[Unit]]:
     return groups
 
 
+def _listing_path(source: str) -> str:
+    return f"{layout.batches_dir(source)}/_listing.json"
+
+
 def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
-             max_attempts: int = 5) -> DiscoveryReport:
+             max_attempts: int = 5, full: bool = False) -> DiscoveryReport:
     """Create manifests for units not yet in any batch of this source.
 
-    Safe to run concurrently with another discoverer: batch numbers are claimed with
-    create-if-absent writes, and a lost claim restarts discovery from the manifests.
-    Changed files (same key, different size or stamp) are reported, not re-batched:
-    re-materialize their partition to pick the change up.
+    Known units come from the manifest index (Parquet segments under ``_index/``) and the
+    manifests it does not cover yet, which this run then indexes. Safe to run concurrently
+    with another discoverer: batch numbers are claimed with create-if-absent writes, and a
+    lost claim restarts discovery from the manifests.
+    Sources that keep a listing state (folders: per-folder mtimes in ``_listing.json``) list
+    only what changed since the last discovery and never re-check known files; ``full=True``
+    lists everything and reports changed files (same key, different size or stamp), which are
+    not re-batched: re-materialize their partition to pick the change up.
     """
     claimed: list[str] = []
     for _ in range(max_attempts):
-        manifests = load_manifests(root, config.name)
-        known: dict[str, Unit] = {u.key: u for m in manifests for u in m.units}
+        index = load_known(root, config.name)
+        known = index.units
         known_files = {_file_of(k): u.stamp for k, u in known.items()}
-        units = reader.list_units(known_files)
-        report = DiscoveryReport(source=config.name, all_batches=[m.key for m in manifests],
+        state = None
+        if full:
+            units = reader.list_units(known_files)
+        else:
+            try:
+                previous = json.loads(root.read_bytes(_listing_path(config.name)))
+            except (FileNotFoundError, OSError, ValueError):
+                previous = None
+            units, state = reader.list_new(known_files, previous)
+        report = DiscoveryReport(source=config.name, all_batches=list(index.keys),
                                  known_units=len(known), new_batches=list(claimed))
         new = []
         for u in units:
@@ -171,18 +269,24 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
             elif (old.size, old.stamp) != (u.size, u.stamp):
                 report.changed_units.append(u.key)
         report.new_units = len(new)
-        next_seq = (manifests[-1].seq + 1) if manifests else 1
+        next_seq = (index.seqs[-1] + 1) if index.seqs else 1
         lost_race = False
+        written: list[BatchManifest] = []
         for group in group_units(new, config.batch_size):
             manifest = BatchManifest(source=config.name, seq=next_seq, units=tuple(group))
             if not root.write_new(manifest_path(config.name, next_seq), manifest.to_bytes()):
                 lost_race = True
                 break
             claimed.append(manifest.key)
+            written.append(manifest)
             report.new_batches.append(manifest.key)
             report.all_batches.append(manifest.key)
             next_seq += 1
         if not lost_race:
+            if written or index.seqs[-1:] != [index.covered]:
+                write_index(root, config.name, index, written)
+            if state is not None:  # after the manifests: a crash before this only lists again
+                root.write_bytes(_listing_path(config.name), json.dumps(state).encode())
             return report
     raise StorageError(f"source {config.name!r}: could not claim a batch number after "
                        f"{max_attempts} attempts; another discoverer keeps writing manifests")

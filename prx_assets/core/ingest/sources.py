@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import posixpath
 import tarfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +102,14 @@ class SourceReader:
         """
         raise NotImplementedError
 
+    def list_new(self, known_files: Mapping[str, str],
+                 state: Mapping[str, Any] | None) -> tuple[list[Unit], dict[str, Any] | None]:
+        """The units to diff against the known ones, and a listing state to pass next time
+        (``None``: this kind keeps none and lists everything each time, as ``list_units``).
+        Readers that can skip what did not change since ``state`` override it and return only
+        new units (known files are then not re-checked: see ``discover(full=True)``)."""
+        return self.list_units(known_files), None
+
     def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
         """Yield the items of one unit."""
         raise NotImplementedError
@@ -171,6 +181,45 @@ class FolderReader(SourceReader):
             st = p.stat()
             units.append(Unit(key=rel, size=st.st_size, stamp=str(st.st_mtime_ns)))
         return sorted(units, key=lambda u: u.key)
+
+    def list_new(self, known_files: Mapping[str, str],
+                 state: Mapping[str, Any] | None) -> tuple[list[Unit], dict[str, Any] | None]:
+        """New files only, skipping every folder whose mtime did not change since ``state`` (adding
+        or removing a file changes its folder's mtime), and never stat-ing a known file: a drop
+        costs the folders it touched, not the files that exist. Symlinked folders are not followed."""
+        root = self._root()
+        previous = dict((state or {}).get("dirs", {}))
+        now = time.time_ns()
+        dirs: dict[str, list[Any]] = {}
+        units: list[Unit] = []
+        stack = [""]
+        while stack:
+            rel = stack.pop()
+            path = root / rel if rel else root
+            try:
+                mtime = path.stat().st_mtime_ns
+            except OSError:
+                continue
+            old = previous.get(rel)
+            if old is not None and old[0] == mtime:
+                subdirs = list(old[1])
+            else:
+                subdirs = []
+                with os.scandir(path) as entries:
+                    for e in entries:
+                        name = f"{rel}/{e.name}" if rel else e.name
+                        if e.name.startswith("."):
+                            continue
+                        if e.is_dir(follow_symlinks=False):
+                            subdirs.append(name)
+                        elif name not in known_files and self._wants(name) and e.is_file():
+                            st = e.stat()
+                            units.append(Unit(key=name, size=st.st_size, stamp=str(st.st_mtime_ns)))
+            # a folder modified in the last second may change again within its mtime's granularity
+            dirs[rel] = [mtime if now - mtime > 1_000_000_000 else -1, subdirs]
+            if self.config.recursive:
+                stack.extend(subdirs)
+        return sorted(units, key=lambda u: u.key), {"dirs": dirs}
 
     def _sidecar_caption(self, path: Path) -> str | None:
         if not self.config.caption_field:

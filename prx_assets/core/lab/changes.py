@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lab.sql import chunks, literal, table_by_ids, where_all, where_in
+from prx_assets.core.lab.sql import ID_CHUNK, chunks, literal, table_by_ids, where_all, where_in
 
 #: Rows compared and committed at a time by a sync by change.
 CHANGE_CHUNK = 65_536
@@ -38,8 +38,11 @@ CHANGE_CHUNK = 65_536
 LOOKUP_CHUNK = 4096
 #: About this many rows are compared at a time by a full sync (ids split into ranges).
 FULL_CHUNK_ROWS = 1_000_000
-#: Bytes of new values per ``merge_insert`` (one commit each).
-MERGE_BYTES = 64 * 1024 * 1024
+#: Bytes of new values per ``merge_insert`` (one commit each). Lance joins a merge inside a 300 MB
+#: memory pool, and vectors take about four times their Arrow size there.
+MERGE_BYTES = 16 * 1024 * 1024
+#: Rows per ``merge_insert``: Lance's join also costs about a kilobyte per source row in that pool.
+MERGE_ROWS = 32_768
 #: Up to this share of the table, changed rows are rewritten whole (indexes stay valid for the rest);
 #: above it, the column is rewritten in place (and its indexes rebuilt by the sync).
 ROWS_MODE_SHARE = 0.1
@@ -183,8 +186,8 @@ def merge_changed(images: lance.LanceDataset, column: str, field_type: pa.DataTy
     if changed.num_rows <= ROWS_MODE_SHARE * images.count_rows():
         _rewrite_rows(images, column, changed)
         return changed.num_rows
-    # Lance joins a merge in memory (a 300 MB pool by default): merge vectors in slices of ~64 MB.
-    step = max(1024, MERGE_BYTES * changed.num_rows // max(1, changed.nbytes))
+    # Lance joins a merge in memory (a 300 MB pool by default): merge in slices of MERGE_BYTES.
+    step = max(1024, min(MERGE_ROWS, MERGE_BYTES * changed.num_rows // max(1, changed.nbytes)))
     for start in range(0, changed.num_rows, step):
         part = changed.take(np.arange(start, min(start + step, changed.num_rows)))  # a copy: a slice would
         images.merge_insert("image_id").when_matched_update_all().write_mode("rewrite_columns") \
@@ -209,6 +212,40 @@ def _rewrite_rows(images: lance.LanceDataset, column: str, changed: pa.Table) ->
         order = pa.array([pos[i] for i in full.column("image_id").to_pylist()], pa.int64())
         full = full.set_column(at, images.schema.field(column), part.column(column).take(order))
         images.merge_insert("image_id").when_matched_update_all().execute(full)
+
+
+def fill_new_column(images: lance.LanceDataset, source: lance.LanceDataset, column: str, field_type: pa.DataType,
+                    value: str, where: str | None, batch_rows: int = 8192) -> int:
+    """Add ``column`` to the lab filled from the source in one commit: Lance ``add_columns`` reads
+    the values from a stream in the table's row order, so each fragment gets one new column
+    file and no other data is touched. Each batch of lab ids is looked up in the source by its
+    ``image_id`` index (created if missing): memory is bounded by the batch, and the cost grows
+    with the table, never with its square. Returns how many rows got a value."""
+    if source.count_rows() and not any(list(ix.field_names) == ["image_id"] for ix in source.describe_indices()):
+        source.create_scalar_index("image_id", "BTREE")
+    schema = pa.schema([pa.field(column, field_type)])
+    scan = images.checkout_version(images.version)  # another handle: add_columns holds this one
+    filled = 0
+
+    def values() -> Iterator[pa.RecordBatch]:
+        nonlocal filled
+        for batch in scan.to_batches(columns=["image_id"], batch_size=batch_rows, scan_in_order=True):
+            ids = batch.column("image_id").to_pylist()
+            parts = [source.to_table(columns=["image_id", value],
+                                     filter=where_all(where, where_in("image_id", part)))
+                     for part in chunks(ids, ID_CHUNK)]
+            found = pa.concat_tables(parts) if parts else None
+            if found is None or found.num_rows == 0:
+                out = pa.nulls(len(ids), field_type)
+            else:
+                pos = {image_id: i for i, image_id in enumerate(found.column("image_id").to_pylist())}
+                order = pa.array([pos.get(i) for i in ids], pa.int64())
+                out = found.column(value).combine_chunks().take(order).cast(field_type)
+            filled += len(ids) - out.null_count
+            yield pa.record_batch([out], schema=schema)
+
+    images.add_columns(pa.RecordBatchReader.from_batches(schema, values()))
+    return filled
 
 
 def has_row_versions(*tables: lance.LanceDataset) -> bool:

@@ -35,6 +35,7 @@ from prx_assets.core.lab.changes import (
     changed_rows,
     compare_and_merge,
     cursor_for,
+    fill_new_column,
     full_rows,
     merge_changed,
 )
@@ -95,16 +96,16 @@ def sync_column(images: lance.LanceDataset, source: lance.LanceDataset, column: 
                 value: str, where: str | None, state: SyncState) -> tuple[bool, int, str]:
     """Make ``images[column]`` equal the source's ``value`` per image where they differ.
 
-    Adds the column (all-null, metadata only) if missing. With a cursor in ``state`` only the
+    A missing column is added filled from the source, fragment by fragment (one commit, no
+    other column touched). With a cursor in ``state`` only the
     source rows written since are compared, a chunk at a time (see
     :mod:`prx_assets.core.lab.changes`); otherwise the whole column is compared in Arrow.
     Only rows whose value changed are rewritten. Returns ``(added, rows_updated, mode)``.
     """
+    if column not in images.schema.names:  # a new column: filled fragment by fragment, one commit
+        return True, fill_new_column(images, source, column, field_type, value, where), "full"
     since = cursor_for(state, column, source, images)
     added = False
-    if column not in images.schema.names:
-        images.add_columns(pa.schema([pa.field(column, field_type)]))
-        added = True
     updated = 0
     if since is None:
         for values, current in full_rows(source, value, where, images, column):
