@@ -10,7 +10,9 @@ A lab column remembers the version of its source table it was last synced from (
   again gets its existing caption back),
 
 compares them with the lab's current values in chunks of ``chunk`` rows, and rewrites the
-column for the rows that differ. Memory is bounded by the chunk, not the table. A column
+rows that differ (whole rows, moved to new fragments, while they are a small share of the
+table, so every index stays valid for the rest). Memory is bounded by the chunk, not the
+table. A new column is filled in one pass in the table's row order (one commit). A column
 without a cursor, a table without row versions (created before they were tracked) or a
 cursor ahead of the table (restored from a backup) falls back to the full join, which
 compares one id range (about ``FULL_CHUNK_ROWS`` rows) at a time.
@@ -36,8 +38,10 @@ from prx_assets.core.lab.sql import ID_CHUNK, chunks, literal, table_by_ids, whe
 CHANGE_CHUNK = 65_536
 #: Ids per lookup of new images' rows in a source table (one scan each, pushed down).
 LOOKUP_CHUNK = 4096
-#: About this many rows are compared at a time by a full sync (ids split into ranges).
+#: About this many rows are compared at a time by a full sync (ids split into ranges)...
 FULL_CHUNK_ROWS = 1_000_000
+#: ...or fewer, so that one range's values stay under this many bytes per side.
+FULL_CHUNK_BYTES = 256 * 1024 * 1024
 #: Bytes of new values per ``merge_insert`` (one commit each). Lance joins a merge inside a 300 MB
 #: memory pool, and vectors take about four times their Arrow size there.
 MERGE_BYTES = 16 * 1024 * 1024
@@ -121,9 +125,23 @@ def id_ranges(rows: int, chunk: int = FULL_CHUNK_ROWS) -> list[str | None]:
             + [f"image_id >= {literal(bounds[-1])}"])
 
 
+def rows_per_range(field_type: pa.DataType) -> int:
+    """Rows a full comparison reads per id range for a column of this type (bounded in bytes).
+
+    >>> rows_per_range(pa.list_(pa.float32(), 1152))
+    58254
+    """
+    if pa.types.is_fixed_size_list(field_type):
+        per_row = field_type.list_size * max(1, field_type.value_type.bit_width // 8)
+    else:
+        per_row = 256  # captions: a generous average
+    return max(1024, min(FULL_CHUNK_ROWS, FULL_CHUNK_BYTES // per_row))
+
+
 def full_rows(source: lance.LanceDataset, value: str, where: str | None, images: lance.LanceDataset,
               column: str, chunk: int = FULL_CHUNK_ROWS) -> Iterator[tuple[pa.Table, pa.Table]]:
-    """Per id range: the source's ``image_id``/``value`` and the lab's ``image_id``/``column``."""
+    """Per id range (about ``chunk`` rows): the source's ``image_id``/``value`` and the lab's
+    ``image_id``/``column``."""
     for rng in id_ranges(max(source.count_rows(), images.count_rows()), chunk):
         values = source.to_table(columns=["image_id", value], filter=where_all(where, rng))
         if values.num_rows == 0:

@@ -38,6 +38,7 @@ from prx_assets.core.lab.changes import (
     fill_new_column,
     full_rows,
     merge_changed,
+    rows_per_range,
 )
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
 from prx_assets.core.lab.sql import where_eq
@@ -108,7 +109,7 @@ def sync_column(images: lance.LanceDataset, source: lance.LanceDataset, column: 
     added = False
     updated = 0
     if since is None:
-        for values, current in full_rows(source, value, where, images, column):
+        for values, current in full_rows(source, value, where, images, column, rows_per_range(field_type)):
             updated += merge_changed(images, column, field_type, values, current)
         return added, updated, "full"
     for part in changed_rows(source, value, where, since, images, state.images_version):
