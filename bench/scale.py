@@ -1,4 +1,4 @@
-"""Scale: what a run costs at ``PRX_BENCH_SCALE_ROWS`` rows when 1% changes (default 1M here).
+"""Scale: what a run costs at ``PRX_BENCH_SCALE_ROWS`` rows when 1% changes (default 100k here).
 
 Synthetic metadata rows (ids, hashes, pHash, captions and 1,152-d embeddings, float32 as
 the lab stores them; no pixels) are written into the project's own tables (created by ``open_or_create``, so they
@@ -13,8 +13,9 @@ warm-up of each side:
   table at 1% of its size vs at full size.
 
 ``python -m bench scale [--json]``; the JSON line holds ``rows``, ``lab_sync_delta_share``,
-``lab_sync_peak_gb``, ``commit_latency_ratio`` and the raw figures. The default is 1M rows: 10M rows with 1,152-d
-float32 embeddings are 46 GB of vectors (the embeddings table plus the lab's column: 92 GB),
+``lab_sync_peak_gb``, ``commit_latency_ratio`` and the raw figures. The default is 100k rows: a 1M-row run (4.6 GB of
+vectors per table) did not finish within 40 minutes on the 2-core machine, and 10M rows with
+1,152-d float32 embeddings are 46 GB of vectors (the embeddings table plus the lab's column: 92 GB),
 more than this machine's free disk; a full comparison of them would not fit its 24 GB of
 memory in one piece either, which is why the full sync walks id ranges.
 """
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-ROWS = int(os.environ.get("PRX_BENCH_SCALE_ROWS", "1000000"))
+ROWS = int(os.environ.get("PRX_BENCH_SCALE_ROWS", "100000"))
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
 DIM = int(os.environ.get("PRX_BENCH_SCALE_DIM", "1152"))
 BATCH = 250_000
