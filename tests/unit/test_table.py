@@ -43,3 +43,23 @@ def test_replace_partition_commits_only_when_the_partition_changes(tmp_path: Pat
     assert fewer.deleted == 1 and fewer.version == changed.version + 1
     empty_again = replace_partition(uri, schema, "batch", "b3", [])
     assert empty_again.version == fewer.version  # nothing to write and nothing stored: no commit
+
+
+def test_a_new_partition_is_appended_once_and_a_second_writer_merges(tmp_path: Path) -> None:
+    """The first writer of a new partition appends (cost independent of the table); a writer that
+    finds the partition claimed by another merges on the key, so no key is ever stored twice."""
+    import lance
+
+    from prx_assets.core.lab.table import replace_partition
+
+    schema = pa.schema([("image_id", pa.string()), ("batch", pa.string()), ("v", pa.int64())])
+    uri = str(tmp_path / "t.lance")
+    part = [pa.RecordBatch.from_pylist([{"image_id": k, "batch": "b1", "v": 1} for k in "ab"], schema=schema)]
+    first = replace_partition(uri, schema, "batch", "b1", part)
+    assert first.inserted == 2 and (tmp_path / ".t.lance.appended" / "b1").exists()
+    (tmp_path / ".t.lance.appended" / "b2").write_text("1")  # claimed by a concurrent writer
+    other = [pa.RecordBatch.from_pylist([{"image_id": k, "batch": "b2", "v": 2} for k in "cd"], schema=schema)]
+    replace_partition(uri, schema, "batch", "b2", other)
+    replace_partition(uri, schema, "batch", "b2", other)
+    ids = lance.dataset(uri).to_table(columns=["image_id"]).column(0).to_pylist()
+    assert sorted(ids) == ["a", "b", "c", "d"]

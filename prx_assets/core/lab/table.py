@@ -130,9 +130,10 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
         stored = ds.count_rows(filter=where_eq(partition_column, partition_value)) if ds.count_rows() else 0
         if stored == 0 and not new_keys:
             return WriteResult(version=ds.version, inserted=0, updated=0, deleted=0)
-        if stored == 0 and not _any_key_exists(ds, key, list(new_keys)):
+        if stored == 0 and not _any_key_exists(ds, key, list(new_keys)) and _claim_append(uri, partition_value):
             # A new partition whose keys are nowhere in the table: an append, whose cost does not
-            # grow with the table (a merge joins against every key of it).
+            # grow with the table (a merge joins against every key of it). Only the writer that
+            # claims the partition first appends; a concurrent one merges (no duplicate keys).
             with pa.memory_map(spool) as source:
                 reader = pa.ipc.open_file(source)
                 stream = pa.RecordBatchReader.from_batches(
@@ -170,6 +171,13 @@ def _partition_equals(ds: lance.LanceDataset, partition_column: str, partition_v
                 return False
             seen += 1
     return seen == len(new)
+
+
+def _claim_append(uri: str, partition_value: str) -> bool:
+    """Create-if-absent ``.<table>.appended/<partition>`` beside the table: whether this writer may
+    append the partition (the first one to ask; every later or concurrent writer merges)."""
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    return DataRoot(parent).write_new(f".{name}.appended/{partition_value}", b"1")
 
 
 def _any_key_exists(ds: lance.LanceDataset, key: str, keys: Sequence[str]) -> bool:
