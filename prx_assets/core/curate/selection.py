@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from prx_assets.core.curate.dedup import first_occurrences, near_duplicates_embedding, near_duplicates_phash
 from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.lab.changes import vector_matrix
 from prx_assets.core.lab.sql import where_in
 from prx_assets.core.lab.sync import CAPTION_PREFIX, caption_column
 from prx_assets.errors import PrxError
@@ -202,7 +203,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         apply("dedup_phash", near_duplicates_phash(t.column("phash").to_numpy().astype(np.uint64),
                                                    int(recipe.dedup.phash_distance)))
     if threshold is not None and embedding_column is not None:
-        vecs = _vectors(t.column(embedding_column))
+        vecs = vector_matrix(t.column(embedding_column))
         apply("dedup_embedding", near_duplicates_embedding(vecs, float(threshold)))
     t = t.take(pc.sort_indices(t, sort_keys=[("image_id", "ascending")]))
     if recipe.cap is not None and t.num_rows > recipe.cap:
@@ -214,18 +215,6 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     out.content_hash = content_hash(out.caption_columns, _pairs(out.selected))
     counts = pc.value_counts(t.column("aspect_bucket")).to_pylist() if t.num_rows else []
     out.buckets = dict(sorted((c["values"], int(c["counts"])) for c in counts))
-    return out
-
-
-def _vectors(column: pa.ChunkedArray) -> np.ndarray:
-    """A fixed-size list column as an ``n x dim`` float32 matrix (null rows as NaN)."""
-    arr = column.combine_chunks()
-    dim = arr.type.list_size
-    if len(arr) == 0:
-        return np.zeros((0, dim), np.float32)
-    values = arr.values.slice(arr.offset * dim, len(arr) * dim).to_numpy(zero_copy_only=False)
-    out = np.asarray(values, dtype=np.float32).reshape(len(arr), dim).copy()
-    out[np.asarray(arr.is_null())] = np.nan
     return out
 
 

@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lab.sql import ID_CHUNK, chunks, literal, table_by_ids, where_all, where_in
+from prx_assets.core.lab.sql import literal, table_by_ids, where_all
+from prx_assets.core.lab.table import dataset_size
 
 #: Rows compared and committed at a time by a sync by change.
 CHANGE_CHUNK = 65_536
@@ -85,10 +86,9 @@ def differs(current: pa.Array | pa.ChunkedArray, new: pa.Array | pa.ChunkedArray
     cur = current.combine_chunks() if isinstance(current, pa.ChunkedArray) else current
     nxt = new.combine_chunks() if isinstance(new, pa.ChunkedArray) else new
     if pa.types.is_fixed_size_list(cur.type) or pa.types.is_fixed_size_list(nxt.type):
-        dim = (cur.type if pa.types.is_fixed_size_list(cur.type) else nxt.type).list_size
         n = len(cur)
-        a = _matrix(cur, dim, n)
-        b = _matrix(nxt.cast(cur.type), dim, n)
+        a = vector_matrix(cur)
+        b = vector_matrix(nxt.cast(cur.type))
         cn = np.asarray(cur.is_null())
         nn = np.asarray(nxt.is_null())
         same_values = np.all((a == b) | (np.isnan(a) & np.isnan(b)), axis=1) if n else np.zeros(0, bool)
@@ -98,10 +98,14 @@ def differs(current: pa.Array | pa.ChunkedArray, new: pa.Array | pa.ChunkedArray
     return pc.and_not(pc.fill_null(pc.invert(eq), True), both_null)
 
 
-def _matrix(arr: pa.FixedSizeListArray, dim: int, n: int) -> np.ndarray:
-    """An ``n x dim`` float view of a fixed-size list array (null rows hold whatever the buffer has)."""
-    values = arr.values.slice(arr.offset * dim, n * dim)
-    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, dim)
+def vector_matrix(arr: pa.FixedSizeListArray | pa.ChunkedArray) -> np.ndarray:
+    """A fixed-size list column as an ``n x dim`` float32 matrix, null rows as NaN (no Python lists)."""
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    dim, n = arr.type.list_size, len(arr)
+    values = arr.values.slice(arr.offset * dim, n * dim).to_numpy(zero_copy_only=False)
+    out = np.asarray(values, dtype=np.float32).reshape(n, dim).copy()
+    out[np.asarray(arr.is_null(), dtype=bool)] = np.nan
+    return out
 
 
 def id_ranges(rows: int, chunk: int = FULL_CHUNK_ROWS) -> list[str | None]:
@@ -165,13 +169,11 @@ def changed_rows(source: lance.LanceDataset, value: str, where: str | None, sinc
     created = images.scanner(columns=["image_id"], filter=f"_row_created_at_version > {int(images_since)}",
                              batch_size=chunk)
     for batch in created.to_batches():
-        ids = batch.column(0).to_pylist()  # one chunk of new ids
-        for part in chunks(ids, LOOKUP_CHUNK):
-            # rows written since ``since`` were yielded above; only older ones are needed here
-            t = source.to_table(columns=["image_id", value], filter=where_all(
-                where, where_in("image_id", part), f"_row_last_updated_at_version <= {int(since)}"))
-            if t.num_rows:
-                yield t.rename_columns(["image_id", "value"])
+        # rows written since ``since`` were yielded above; only older ones are needed here
+        t = table_by_ids(source, batch.column(0).to_pylist(), [value], chunk=LOOKUP_CHUNK,
+                         where=where_all(where, f"_row_last_updated_at_version <= {int(since)}"))
+        if t.num_rows:
+            yield t.rename_columns(["image_id", "value"])
 
 
 def compare_and_merge(images: lance.LanceDataset, column: str, field_type: pa.DataType,
@@ -218,7 +220,7 @@ def _rewrite_rows(images: lance.LanceDataset, column: str, changed: pa.Table) ->
     at a time. Rewritten rows move to new fragments, so every index stays valid for all other rows
     (rewriting a column in place would leave the column's indexes covering none of its fragments)."""
     rows = max(1, images.count_rows())
-    row_bytes = sum(df.file_size_bytes or 0 for f in images.get_fragments() for df in f.data_files()) // rows
+    row_bytes = dataset_size(images) // rows
     step = max(16, MERGE_BYTES // max(1, row_bytes + changed.nbytes // max(1, changed.num_rows)))
     names = images.schema.names
     at = names.index(column)
@@ -249,11 +251,8 @@ def fill_new_column(images: lance.LanceDataset, source: lance.LanceDataset, colu
         nonlocal filled
         for batch in scan.to_batches(columns=["image_id"], batch_size=batch_rows, scan_in_order=True):
             ids = batch.column("image_id").to_pylist()
-            parts = [source.to_table(columns=["image_id", value],
-                                     filter=where_all(where, where_in("image_id", part)))
-                     for part in chunks(ids, ID_CHUNK)]
-            found = pa.concat_tables(parts) if parts else None
-            if found is None or found.num_rows == 0:
+            found = table_by_ids(source, ids, [value], where=where)
+            if found.num_rows == 0:
                 out = pa.nulls(len(ids), field_type)
             else:
                 pos = {image_id: i for i, image_id in enumerate(found.column("image_id").to_pylist())}

@@ -84,10 +84,11 @@ def rows_by_ids(ds: lance.LanceDataset, ids: Sequence[str], columns: Sequence[st
 
 
 def table_by_ids(ds: lance.LanceDataset, ids: Sequence[str], columns: Sequence[str], *,
-                 key: str = "image_id", chunk: int = ID_CHUNK) -> pa.Table:
-    """The rows for ``ids`` (any order) as one Arrow table; for small id lists such as samples."""
+                 key: str = "image_id", where: str | None = None, chunk: int = ID_CHUNK) -> pa.Table:
+    """The rows for ``ids`` (any order, and ``where`` if given) as one Arrow table; for id lists of
+    a chunk or a sample."""
     cols = list(dict.fromkeys([key, *columns]))
-    parts = [ds.to_table(columns=cols, filter=where_in(key, part)) for part in chunks(ids, chunk)]
+    parts = [ds.to_table(columns=cols, filter=where_all(where_in(key, part), where)) for part in chunks(ids, chunk)]
     return pa.concat_tables(parts) if parts else ds.schema.empty_table().select(cols)
 
 

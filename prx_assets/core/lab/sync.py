@@ -42,7 +42,7 @@ from prx_assets.core.lab.changes import (
 )
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
 from prx_assets.core.lab.sql import where_eq
-from prx_assets.core.lab.table import open_table, table_uri
+from prx_assets.core.lab.table import dataset_size, open_table, table_uri
 
 CAPTION_PREFIX = "caption__"
 EMBEDDING_PREFIX = "emb__"
@@ -182,12 +182,6 @@ def index_coverage(ds: lance.LanceDataset) -> list[dict[str, Any]]:
                     "unindexed_rows": int(st.get("num_unindexed_rows", 0)),
                     "size_bytes": int(ix.total_size_bytes or 0)})
     return sorted(out, key=lambda d: d["name"])
-
-
-def dataset_size(ds: lance.LanceDataset) -> int:
-    """Bytes of the data files of the current version."""
-    return sum(df.file_size_bytes or 0 for f in ds.get_fragments() for df in f.data_files()
-               if getattr(df, "file_size_bytes", None) is not None)
 
 
 def tag_version(ds: lance.LanceDataset, tag: str, version: int) -> None:

@@ -86,6 +86,12 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
                            f"{parent}/.{name}.creating if a writer died mid-creation") from e
 
 
+def dataset_size(ds: lance.LanceDataset) -> int:
+    """Bytes of the data files of the current version."""
+    return sum(df.file_size_bytes or 0 for f in ds.get_fragments() for df in f.data_files()
+               if getattr(df, "file_size_bytes", None) is not None)
+
+
 @dataclass(frozen=True)
 class WriteResult:
     """Outcome of one commit."""

@@ -381,8 +381,11 @@ def _write_sidecars(root: DataRoot, staging: Path, lab: lance.LanceDataset, prev
     streams: list[dict[str, Any]] = []
     tables: dict[int, pa.Table] = {}
     for i, stream in enumerate(previous.streams):
-        own = read_table_at(uri_join(stream["uri"], SAMPLES_FILE), root).column("image_id")
-        stored = read_table_at(samples_uri(stream), root).column("digest")
+        own_table = read_table_at(uri_join(stream["uri"], SAMPLES_FILE), root)
+        current = samples_uri(stream)  # the stream's own map unless an earlier sidecar superseded it
+        own = own_table.column("image_id")
+        stored = (own_table if current == uri_join(stream["uri"], SAMPLES_FILE)
+                  else read_table_at(current, root)).column("digest")
         index = json.loads(read_uri(uri_join(stream["uri"], layout.MDS_INDEX), root.settings))
         counts = [int(sh["samples"]) for sh in index["shards"]]
         folder = staging / SIDECAR_DIR / f"s{i}"
