@@ -22,15 +22,18 @@ memory in one piece either, which is why the full sync walks id ranges.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,18 @@ BATCH = 250_000
 #: The IVF_PQ index is a one-time cost of the first sync (k-means over every vector: tens of minutes
 #: at 1M x 1,152 on 2 cores); off unless asked, so the figures compare the syncs, not the index build.
 FILES = int(os.environ.get("PRX_BENCH_SCALE_FILES", "200000"))
+#: Cosine at or above which two images are near-duplicates in the bench recipe.
+EMBEDDING_THRESHOLD = 0.95
+#: Rows of the embedding recall check (the inverted file on them) and query rows checked against all.
+EMBEDDING_CHECK_ROWS = int(os.environ.get("PRX_BENCH_SCALE_EMBEDDING_ROWS", "1000000"))
+EMBEDDING_CHECK_QUERIES = 2_000
+#: Batches registered for the no-op ``prx-assets run``.
+NOOP_BATCHES = int(os.environ.get("PRX_BENCH_SCALE_BATCHES", "20000"))
+#: The local PostgreSQL server (trust auth) that holds the no-op bench's Dagster instance.
+PG = {"host": os.environ.get("PRX_PG_HOST", "127.0.0.1"), "port": int(os.environ.get("PRX_PG_PORT", "5432")),
+      "user": os.environ.get("PRX_PG_USER", "postgres")}
+#: Processes committing into one table at once.
+WRITERS = 8
 VECTOR_INDEX_MIN_ROWS = int(os.environ.get("PRX_BENCH_SCALE_VECTOR_INDEX_MIN_ROWS", str(10**12)))
 
 
@@ -91,7 +106,11 @@ def _embeddings_batch(start: int, n: int, seed: int) -> pa.Table:
 
     schema = embeddings_schema(DIM)
     ids = _ids(start, n)
-    vecs = np.random.default_rng(seed + start).standard_normal((n, DIM)).astype(np.float16)
+    rng = np.random.default_rng(seed + start)
+    vecs = rng.standard_normal((n, DIM)).astype(np.float32)
+    copies = vecs[4::20][: len(vecs[7::20])]  # 5% near copies (cosine about 0.995) of other rows
+    vecs[7::20] = copies + 0.1 * rng.standard_normal(copies.shape).astype(np.float32)
+    vecs = vecs.astype(np.float16)
     emb = pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM).cast(schema.field("embedding").type)
     return pa.table({"image_id": ids, "embedder_id": ["e-1"] * n, "batch": ["bench-00001"] * n,
                      "sha256": [f"{i}{i}{i}{i}" for i in ids], "embedding": emb,
@@ -116,11 +135,12 @@ def build(root_uri: str, rows: int) -> None:
     tables = [(table_uri(root, "images"), IMAGES_SCHEMA, lambda s, n: _images_batch(s, n)),
               (table_uri(root, CAPTIONS_TABLE), CAPTIONS_SCHEMA, lambda s, n: _captions_batch(s, n, "a photo")),
               (table_uri(root, embeddings_table("e-1")), embeddings_schema(DIM), lambda s, n: _embeddings_batch(s, n, 0))]
+    opts = root.storage_options()
     for uri, schema, make in tables:
-        open_or_create(uri, schema)
+        open_or_create(uri, schema, opts)
         for start in range(0, rows, BATCH):
-            lance.write_dataset(make(start, min(BATCH, rows - start)), uri, mode="append")
-    lance.dataset(table_uri(root, "images")).create_scalar_index("image_id", "BTREE")
+            lance.write_dataset(make(start, min(BATCH, rows - start)), uri, mode="append", storage_options=opts)
+    lance.dataset(table_uri(root, "images"), storage_options=opts).create_scalar_index("image_id", "BTREE")
 
 
 def _files(folder: Path, n: int, per_dir: int = 1000, tag: str = "f") -> None:
@@ -185,9 +205,205 @@ def discovery_figures(base: Path, files: int) -> dict[str, Any]:
             "discovery_scattered_share": round(med["scattered"] / med["full"], 4)}
 
 
-def _child(argv: list[str]) -> dict[str, Any]:
+def _cli(base: Path, *args: str) -> tuple[float, str]:
+    """Run ``prx-assets <args>`` against the no-op bench's folders; seconds and output."""
+    env = {**os.environ, "PRX_DATA_ROOT": str(base / "data"), "PRX_CONFIG_DIR": str(base / "config"),
+           "DAGSTER_HOME": str(base / "home")}
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "prx_assets.cli", *args], env=env, capture_output=True, text=True,
+                         check=False, cwd=base)
+    seconds = time.perf_counter() - t
+    if out.returncode != 0:
+        raise RuntimeError(f"prx-assets {' '.join(args)} failed:\n{(out.stdout + out.stderr)[-3000:]}")
+    return seconds, out.stdout
+
+
+@contextlib.contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh database on the local PostgreSQL server (the production instance's storage), dropped after."""
+    import uuid
+
+    import psycopg2
+
+    name = f"prx_bench_{uuid.uuid4().hex[:10]}"
+    conn = psycopg2.connect(dbname="postgres", **PG)
+    conn.autocommit = True
+    conn.cursor().execute(f"CREATE DATABASE {name}")
+    try:
+        yield name
+    finally:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.close()
+
+
+def noop_figures(base: Path, batches: int, database: str) -> dict[str, Any]:
+    """``prx-assets run`` when nothing changed, with ``batches`` registered batches, on the
+    production instance (PostgreSQL ``database``): each batch's raw_images, recaptions (two
+    captioners) and image_embeddings partitions and the lab recorded as materialized with the
+    fingerprints a run would compute (runless materialization events written in batches: the
+    bench measures planning, not ingest), then the whole ``prx-assets run`` command timed."""
+    import logging
+
+    import dagster as dg
+    from dagster._core.definitions.data_version import DATA_VERSION_TAG
+    from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+    from dagster._core.events.log import EventLogEntry
+    from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
+
+    from prx_assets.core.config.storage import DataRoot
+    from prx_assets.core.models.config import load_models
+    from prx_assets.defs.lab import CURSOR_KEY, LAB_INPUTS, lab_fingerprint_of
+    from prx_assets.defs.staleness import (
+        FINGERPRINT_KEY,
+        FingerprintContext,
+        digest,
+        fingerprint_for,
+        latest_storage_id,
+    )
+
+    config, home = base / "config", base / "home"
+    for d in (config, home, base / "data"):
+        d.mkdir(parents=True, exist_ok=True)
+    db = {"hostname": PG["host"], "port": PG["port"], "username": PG["user"], "password": "", "db_name": database,
+          "scheme": "postgresql+psycopg2"}
+    (home / "dagster.yaml").write_text(json.dumps({"storage": {"postgres": {"postgres_db": db}}}))  # YAML is JSON
+    shutil.copy(Path(__file__).parents[1] / "config" / "models.yaml", config / "models.yaml")
+    (config / "sources.yaml").write_text(f"sources:\n  - {{name: bench, kind: folder, path: {base / 'files'}, "
+                                         "batch_size: 2}\n")
+    (config / "recipes.yaml").write_text("recipes: []\n")
+    (config / "mixtures.yaml").write_text("mixtures: []\n")
+    _files(base / "files", 2 * batches)
+    _settle(base / "files")
+    first_discovery, _ = _cli(base, "discover")
+    os.environ.update(PRX_DATA_ROOT=str(base / "data"), PRX_CONFIG_DIR=str(config), DAGSTER_HOME=str(home))
+    t = time.perf_counter()
+    with dg.DagsterInstance.get() as instance:
+        from prx_assets.core.config.project import load_sources
+
+        models = load_models(str(config / "models.yaml"))
+        ctx = FingerprintContext(root=DataRoot(str(base / "data")), sources=load_sources(), instance=instance,
+                                 models=models, bulk=True)
+        keys = instance.get_dynamic_partitions("raw_batches")
+        captioners = models.captioner_ids()
+
+        pending: list[Any] = []
+
+        def record(asset: str, partition: str | None, fingerprint: str) -> None:
+            mat = dg.AssetMaterialization(asset, partition=partition, metadata={FINGERPRINT_KEY: fingerprint},
+                                          tags={DATA_VERSION_TAG: digest(asset, partition, "content")})
+            event = DagsterEvent(event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
+                                 event_specific_data=StepMaterializationData(mat), job_name=RUNLESS_JOB_NAME)
+            pending.append(EventLogEntry(user_message="", level=logging.INFO, job_name=RUNLESS_JOB_NAME,
+                                         run_id=RUNLESS_RUN_ID, error_info=None, timestamp=time.time(),
+                                         step_key=None, dagster_event=event))
+            if len(pending) >= 1000:
+                flush()
+
+        def flush() -> None:  # one INSERT per thousand events (PostgreSQL writes materializations in batches)
+            instance.event_log_storage.store_event_batch(pending)
+            pending.clear()
+
+        for pk in keys:
+            record("raw_images", pk, fingerprint_for(dg.AssetKey("raw_images"))(ctx, pk))
+        flush()
+        ctx.cache.clear()
+        for pk in keys:
+            for cap in captioners:
+                mk = dg.MultiPartitionKey({"batch": pk, "captioner": cap})
+                record("recaptions", str(mk), fingerprint_for(dg.AssetKey("recaptions"))(ctx, str(mk)))
+            record("image_embeddings", pk, fingerprint_for(dg.AssetKey("image_embeddings"))(ctx, pk))
+        flush()
+        cursor = {k: latest_storage_id(instance, k) for k in LAB_INPUTS}
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            "lance_table", metadata={FINGERPRINT_KEY: lab_fingerprint_of(models, inputs_changed=False),
+                                     CURSOR_KEY: cursor}, tags={DATA_VERSION_TAG: "lab"}))
+    recorded_seconds = time.perf_counter() - t
+    runs = []
+    for _ in range(1 + ROUNDS):  # the first warms the file cache up
+        seconds, out = _cli(base, "run")
+        if "everything is up to date" not in out:
+            raise RuntimeError(f"the no-op run planned work:\n{out[-3000:]}")
+        runs.append(seconds)
+    return {"batches": len(keys), "partitions": len(keys) * (2 + len(captioners)) + 1,
+            "first_discovery_seconds": round(first_discovery, 2), "record_seconds": round(recorded_seconds, 1),
+            "noop_run_seconds": round(statistics.median(runs[1:]), 2), "noop_spread": [round(x, 2) for x in runs[1:]]}
+
+
+def _writer(root_uri: str, i: int, barrier: Any) -> None:
+    from prx_assets.core.config.storage import DataRoot
+    from prx_assets.core.lab.schema import IMAGES_SCHEMA
+    from prx_assets.core.lab.table import replace_partition, table_uri
+
+    root = DataRoot(root_uri)
+    batch = f"bench-writer-{i}"
+    rows = _images_batch(2 * 10**10 + i * 5000, 5000, batch).to_batches()
+    barrier.wait()
+    replace_partition(table_uri(root, "images"), IMAGES_SCHEMA, "batch", batch, rows,
+                      storage_options=root.storage_options())
+
+
+def concurrent_writers(root: Any, writers: int) -> dict[str, Any]:
+    """``writers`` processes commit a new partition each into the images table at the same moment;
+    how many landed whole (5,000 rows each, no key twice) and how long it took."""
+    import multiprocessing as mp
+
+    import lance
+
+    from prx_assets.core.lab.table import table_uri
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(writers)
+    procs = [ctx.Process(target=_writer, args=(root.uri, i, barrier)) for i in range(writers)]
+    t = time.perf_counter()
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=900)
+    seconds = time.perf_counter() - t
+    ds = lance.dataset(table_uri(root, "images"), storage_options=root.storage_options())
+    landed = sum(ds.count_rows(filter=f"batch = 'bench-writer-{i}'") == 5000 for i in range(writers))
+    ids = ds.to_table(columns=["image_id"], filter="batch LIKE 'bench-writer-%'").column(0)
+    return {"writers": writers, "landed": int(landed), "exit_codes": [p.exitcode for p in procs],
+            "duplicate_keys": len(ids) - len(ids.unique()), "seconds": seconds}
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[dict[str, str]]:
+    """A moto S3 server on a free loopback port and a bucket; yields the environment that points at it."""
+    import boto3
+
+    from prx_assets.devserver import free_port
+
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    if exe is None:
+        raise RuntimeError("moto_server not found: install the dev extra (pip install -e '.[dev]')")
+    port = free_port()
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError(f"moto_server did not start on {endpoint}") from None
+                time.sleep(0.1)
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket="bench")
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _child(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``python -m bench.scale <argv>`` and return its JSON result with its peak RSS."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(Path(__file__).parents[1])}
     out = subprocess.run([sys.executable, "-m", "bench.scale", *argv], capture_output=True, text=True, env=env,
                          check=False)
     if out.returncode != 0:
@@ -230,14 +446,42 @@ def child_main(argv: list[str]) -> None:
                        vector_index_min_rows=VECTOR_INDEX_MIN_ROWS)
         result.update(seconds=time.perf_counter() - t, modes=res.modes, rows_updated=res.rows_updated,
                       parts=res.seconds)
-    elif kind == "curate":  # recipe: min side, captions, exact + pHash dedup (no embedding dedup)
+    elif kind == "curate":  # recipe: min side, captions, exact + pHash + embedding dedup
         from prx_assets.core.curate.recipes import Dedup, Recipe
         from prx_assets.core.curate.selection import select
+        from prx_assets.core.lab.sync import embedding_column
 
-        recipe = Recipe(name="scale", min_side=300, captions=("c-1",), dedup=Dedup(exact=True, phash_distance=4))
+        recipe = Recipe(name="scale", min_side=300, captions=("c-1",),
+                        dedup=Dedup(exact=True, phash_distance=4, embedding_threshold=EMBEDDING_THRESHOLD))
         t = time.perf_counter()
-        sub = select(lance.dataset(table_uri(root, "images")), recipe, ["c-1"])
+        sub = select(lance.dataset(table_uri(root, "images")), recipe, ["c-1"],
+                     embedding_column=embedding_column("e-1"))
         result.update(seconds=time.perf_counter() - t, selected=sub.count, dropped=sub.dropped)
+    elif kind == "embedding_check":  # the inverted file vs every pair, for sampled query rows
+        from prx_assets.core.curate.dedup import embedding_pairs
+        from prx_assets.core.lab.changes import vector_matrix
+        from prx_assets.core.lab.sync import embedding_column
+
+        n, queries = int(argv[2]), int(argv[3])
+        col = lance.dataset(table_uri(root, "images")).to_table(columns=[embedding_column("e-1")], limit=n).column(0)
+        vecs = vector_matrix(col, dtype=np.float16)
+        del col
+        t = time.perf_counter()
+        later, earlier = embedding_pairs(vecs, EMBEDDING_THRESHOLD, exact_below=0)
+        ivf_seconds = time.perf_counter() - t
+        unit = vecs.astype(np.float32)
+        unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+        picked = np.sort(np.random.default_rng(7).choice(len(unit), size=min(queries, len(unit)), replace=False))
+        truth: set[tuple[int, int]] = set()
+        for a in range(0, len(picked), 256):
+            q = picked[a:a + 256]
+            qi, j = np.nonzero((unit[q] @ unit.T >= EMBEDDING_THRESHOLD) & (np.arange(len(unit))[None, :] < q[:, None]))
+            truth.update(zip(q[qi].tolist(), j.tolist(), strict=True))
+        sampled = set(picked.tolist())
+        found = {(int(i), int(j)) for i, j in zip(later, earlier, strict=True) if int(i) in sampled}
+        result.update(sample=len(unit), queries=len(picked), true_pairs=len(truth), found_pairs=len(found & truth),
+                      false_pairs=len(found - truth), recall=len(found & truth) / len(truth) if truth else None,
+                      ivf_seconds=ivf_seconds, all_pairs=len(later))
     elif kind == "phash_check":  # the vectorized pHash dedup vs all pairs, on a sample
         from prx_assets.core.curate.dedup import near_duplicates_phash
 
@@ -252,6 +496,11 @@ def child_main(argv: list[str]) -> None:
                 if (np.bitwise_count(h[kept] ^ h[i]) <= 4).any():
                     keep[i] = False
         result.update(sample=len(h), match=bool((fast == keep).all()), dropped=int((~keep).sum()))
+    elif kind == "writers":  # argv[2] writers commit a new 5,000-row partition each, at once
+        result.update(concurrent_writers(root, int(argv[2])))
+    elif kind == "noop":
+        with postgres_database() as database:
+            result.update(noop_figures(Path(root_uri), int(argv[2]), database))
     elif kind == "discovery":
         result.update(discovery_figures(Path(root_uri), int(argv[2])))
     elif kind == "commit":  # one replace_partition of 5,000 new rows
@@ -298,6 +547,7 @@ def run() -> dict[str, Any]:
                     updated[mode] = res["rows_updated"]
         curation = _child(["curate", big])
         phash = _child(["phash_check", big, str(min(ROWS, 20_000))])
+        emb = _child(["embedding_check", big, str(min(ROWS, EMBEDDING_CHECK_ROWS)), str(EMBEDDING_CHECK_QUERIES)])
         commit: dict[str, list[float]] = {"small": [], "big": []}
         for rnd in range(ROUNDS + 1):
             for size in ("small", "big") if rnd % 2 == 0 else ("big", "small"):
@@ -305,6 +555,11 @@ def run() -> dict[str, Any]:
                 if rnd:
                     commit[size].append(res["seconds"])
         discovery = _child(["discovery", str(tmp / "discovery"), str(FILES)])
+        writers = {"local": _child(["writers", small, str(WRITERS)])}
+        noop = _child(["noop", str(tmp / "noop"), str(NOOP_BATCHES)])
+        with moto_s3() as env:
+            _child(["build", "s3://bench/lab", "10000"], env=env)
+            writers["s3"] = _child(["writers", "s3://bench/lab", str(WRITERS)], env=env)
         med = {k: statistics.median(v) for k, v in times.items()}
         jmed = {k: statistics.median(v) for k, v in joins.items()}
         cmed = {k: statistics.median(v) for k, v in commit.items()}
@@ -323,12 +578,17 @@ def run() -> dict[str, Any]:
             "curation_seconds": round(curation["seconds"], 2), "curation_peak_gb": round(curation["peak_gb"], 2),
             "curation_selected": curation["selected"], "curation_dropped": curation["dropped"],
             "phash_pairs_match": phash["match"], "phash_check_sample": phash["sample"],
-            "embedding_recall": None,
-            "embedding_note": "embedding dedup is the exact greedy method (O(n x kept)); not run at this scale",
+            "embedding_recall": None if emb["recall"] is None else round(emb["recall"], 4),
+            "embedding_check": {k: round(v, 3) if isinstance(v, float) else v for k, v in emb.items()},
             "discovery": discovery, "discovery_delta_share": discovery["discovery_delta_share"],
             "commit_small_rows": max(10_000, ROWS // 100), "commit_small_seconds": round(cmed["small"], 3),
             "commit_big_seconds": round(cmed["big"], 3),
             "commit_latency_ratio": round(cmed["big"] / cmed["small"], 3),
+            "concurrent_writers": {k: {**v, "seconds": round(v["seconds"], 2), "peak_gb": round(v["peak_gb"], 2)}
+                                   for k, v in writers.items()},
+            "noop": noop, "noop_run_seconds": noop["noop_run_seconds"],
+            "concurrent_writers_landed": all(v["landed"] == WRITERS and not v["duplicate_keys"]
+                                             for v in writers.values()),
             "spread": {**{f"sync_{k}": [round(x, 3) for x in v] for k, v in times.items()},
                        **{f"join_{k}": [round(x, 3) for x in v] for k, v in joins.items()},
                        **{f"commit_{k}": [round(x, 3) for x in v] for k, v in commit.items()}},
@@ -349,10 +609,14 @@ def format_table(r: dict[str, Any]) -> str:
         f"  by change / full: {r['lab_sync_delta_share']:.2%} of the sync (target <= 2%, peak <= 4 GB); "
         f"the join alone {r['lab_sync_join_share']:.2%} ({r['lab_sync_join_changes_seconds']} s vs "
         f"{r['lab_sync_join_full_seconds']} s); index upkeep and stats {r['lab_sync_upkeep_seconds']} s",
-        f"  curation (min side, captions, exact + pHash dedup): {r['curation_seconds']} s, peak "
+        f"  curation (min side, captions, exact + pHash + embedding dedup): {r['curation_seconds']} s, peak "
         f"{r['curation_peak_gb']} GB, {r['curation_selected']:,} selected, dropped {r['curation_dropped']}",
-        f"  pHash dedup = all-pairs greedy on {r['phash_check_sample']:,} rows: {r['phash_pairs_match']}; "
-        f"embedding dedup: {r['embedding_note']}",
+        f"  pHash dedup = all-pairs greedy on {r['phash_check_sample']:,} rows: {r['phash_pairs_match']}",
+        f"  embedding dedup (inverted file) on {r['embedding_check']['sample']:,} rows: recall "
+        f"{r['embedding_recall']} of {r['embedding_check']['true_pairs']} pairs (cosine >= {EMBEDDING_THRESHOLD}) "
+        f"of {r['embedding_check']['queries']:,} sampled rows checked against every earlier row; "
+        f"{r['embedding_check']['ivf_seconds']} s for all {r['embedding_check']['all_pairs']:,} pairs "
+        "(target recall >= 0.99)",
         f"  discovery, {r['discovery']['files']:,} files: a 1% drop in a new folder "
         f"{r['discovery']['drop_new_folder_seconds']} s, scattered over existing folders "
         f"{r['discovery']['drop_scattered_seconds']} s, vs a full re-listing {r['discovery']['full_listing_seconds']} s: "
@@ -360,12 +624,17 @@ def format_table(r: dict[str, Any]) -> str:
         f"  one 5,000-row ingest commit: {r['commit_big_seconds']} s into {r['rows']:,} rows vs "
         f"{r['commit_small_seconds']} s into {r['commit_small_rows']:,}: ratio {r['commit_latency_ratio']} "
         "(target <= 2)",
+        f"  `prx-assets run` with nothing to do, {r['noop']['batches']:,} batches registered "
+        f"({r['noop']['partitions']:,} partitions, PostgreSQL instance): {r['noop_run_seconds']} s, the whole "
+        f"command (spread {r['noop']['noop_spread']}; target <= 30 s)",
+        *[f"  {v['writers']} writers committing a 5,000-row partition each at once ({k}): {v['landed']} landed, "
+          f"{v['duplicate_keys']} duplicate keys, {v['seconds']} s" for k, v in r["concurrent_writers"].items()],
     ])
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] in {"build", "change", "sync", "commit", "curate", "phash_check",
-                                             "discovery"}:
+                                             "embedding_check", "discovery", "writers", "noop"}:
         child_main(sys.argv[1:])
     else:
         result = run()

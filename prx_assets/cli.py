@@ -134,6 +134,11 @@ def selected_keys(defs: dg.Definitions, select: str | None) -> list[dg.AssetKey]
     return order
 
 
+def plan_cache_dir(instance: dg.DagsterInstance) -> Path:
+    """Where planning keeps the fingerprints it has read (per instance: under its root folder)."""
+    return Path(instance.root_directory) / "prx_plan_cache"
+
+
 def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | None,
              keys: list[dg.AssetKey] | None = None, skipped: dict[str, str] | None = None,
              orphans: dict[str, dict[str, str]] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
@@ -151,7 +156,7 @@ def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | N
     if orphans is None:
         orphans = orphan_partitions(instance, ProjectConfigResource(), root)
     ctx = FingerprintContext(root=root, sources=load_sources(), instance=instance,
-                             models=_models_config())
+                             models=_models_config(), bulk=True)
     plan: list[tuple[dg.AssetKey, str | None]] = []
     for key in order:
         asset_def = defs.resolve_assets_def(key)
@@ -160,7 +165,7 @@ def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | N
             partitions: list[str | None] = [None]
         else:
             partitions = list(pdef.get_partition_keys(dynamic_partitions_store=instance))
-        recorded = recorded_fingerprints(instance, key)
+        recorded = recorded_fingerprints(instance, key, cache_dir=plan_cache_dir(instance))
         fp_fn = fingerprint_for(key)
         for pk in partitions:
             why = is_orphan(orphans, pdef, pk)
@@ -236,10 +241,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     failed = done = 0
     total = len(plan)
     for key in selected_keys(defs, args.select):
-        planned = sum(1 for k, _ in plan if k == key)
-        # Re-plan each asset just before it runs: its upstream may have changed in this run.
-        todo = plan_run(defs, instance, None, keys=[key], orphans=orphans)
-        total += max(0, len(todo) - planned)
+        first = [pk for k, pk in plan if k == key]
+        # Once something has run, re-plan each later asset just before it runs (its upstream may
+        # have changed in this run); until then the first plan holds.
+        todo = plan_run(defs, instance, None, keys=[key], orphans=orphans) if done else \
+            [(key, pk) for pk in first]
+        total += max(0, len(todo) - len(first))
         for _, pk in todo:
             done += 1
             failed += _execute(job, instance, key, pk, level, f"[{done}/{total}]")

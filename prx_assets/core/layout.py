@@ -29,6 +29,8 @@ BATCHES_DIR = "ingest/batches"
 LANCE_DIR = "lance"
 CURATED_DIR = "curated"
 MDS_DIR = "mds"
+#: Inside a shard set: ``<set>/columns/s<stream>/`` holds the sidecar columns of physical stream ``<stream>``.
+SIDECAR_DIR = "columns"
 MIXTURE_DIR = "mixtures"
 TRAINING_DIR = "training"
 SLURM_DIR = "slurm"

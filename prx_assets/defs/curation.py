@@ -32,7 +32,7 @@ def curated_fingerprint_of(recipe_hash: str, lab_data_version: str, optouts: str
 def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """The fingerprint a run now would record: of the recipe and the lab's current data version."""
     recipe = ctx.config().recipes().get(partition_key or "")
-    return curated_fingerprint_of(recipe.recipe_hash(), latest_data_version(ctx.instance, lance_table.key, None),
+    return curated_fingerprint_of(recipe.recipe_hash(), ctx.data_version(lance_table.key, None),
                                   registry_version(load_requests(ctx.root)))
 
 

@@ -18,7 +18,6 @@ from prx_assets.defs.staleness import (
     FINGERPRINTS_KEY,
     FingerprintContext,
     digest,
-    latest_data_version,
     previous_data_version,
     register_fingerprint,
 )
@@ -40,7 +39,7 @@ def split_recaption_key(key: str | dg.MultiPartitionKey) -> tuple[str, str]:
 
 
 def _upstream_version(ctx: FingerprintContext, batch: str) -> str:
-    return latest_data_version(ctx.instance, "raw_images", batch)
+    return ctx.data_version("raw_images", batch)
 
 
 def recaptions_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:

@@ -40,10 +40,10 @@ def raw_images_fingerprint(ctx: FingerprintContext, partition_key: str | None) -
     if partition_key is None:
         return ""
     source, _ = parse_batch_key(partition_key)
-    manifest = load_manifest(ctx.root, partition_key)
+    manifest_hash = ctx.manifest_hash(partition_key)
     if ctx.sources is None:
         raise ValueError("raw_images fingerprints need the sources config")
-    return digest(INGEST_CODE_VERSION, ctx.sources.get(source).fingerprint(), manifest.content_hash())
+    return digest(INGEST_CODE_VERSION, ctx.sources.get(source).fingerprint(), manifest_hash)
 
 
 register_fingerprint("raw_images", raw_images_fingerprint)

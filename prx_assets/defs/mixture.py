@@ -31,7 +31,7 @@ def _current_shard_set(instance: dg.DagsterInstance, recipe: str) -> str:
 def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """Code version + the mixture's streams + their current shard set ids."""
     mix = ctx.config().mixtures()[partition_key or ""]
-    ids = [latest_data_version(ctx.instance, "mds_shards", s.recipe) for s in mix.streams]
+    ids = [ctx.data_version("mds_shards", s.recipe) for s in mix.streams]
     return digest(MIXTURE_CODE_VERSION, repr(mix), ids)
 
 

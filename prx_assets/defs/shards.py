@@ -56,7 +56,7 @@ def shards_fingerprint_of(subset_id: str) -> str:
 
 def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """The fingerprint a run now would record: of the recipe's current subset id."""
-    return shards_fingerprint_of(latest_data_version(ctx.instance, "curated_subsets", partition_key))
+    return shards_fingerprint_of(ctx.data_version("curated_subsets", partition_key))
 
 
 register_fingerprint("mds_shards", shards_fingerprint)

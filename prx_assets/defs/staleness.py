@@ -9,12 +9,17 @@ a partition whose recorded fingerprint differs from the current one is stale.
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
+from dagster._core.events import DagsterEventType
 
 from prx_assets.core.config.project import SourcesConfig
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import load_manifest, manifest_hashes, parse_batch_key
 from prx_assets.core.models.config import ModelsConfig
 from prx_assets.resources.storage import ProjectConfigResource
 
@@ -32,10 +37,38 @@ class FingerprintContext:
     instance: dg.DagsterInstance | None = None
     models: ModelsConfig | None = None
     project: ProjectConfigResource | None = None
+    #: Planning many partitions: read each asset's latest data versions and each source's manifest
+    #: hashes once (a few queries and files per asset) instead of once per partition.
+    bulk: bool = False
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def config(self) -> ProjectConfigResource:
         """The config folder (the run's resource; by default ``$PRX_CONFIG_DIR``)."""
         return self.project or ProjectConfigResource()
+
+    def data_version(self, key: dg.AssetKey | str, partition: str | None) -> str:
+        """The data version of an asset partition's latest materialization ('' without one)."""
+        if self.instance is None:
+            return ""
+        if not self.bulk or partition is None:
+            return latest_data_version(self.instance, key, partition)
+        akey = dg.AssetKey.from_coercible(key)
+        versions = self.cache.get(("data_versions", akey))
+        if versions is None:
+            versions = latest_data_versions(self.instance, akey)
+            self.cache[("data_versions", akey)] = versions
+        return versions.get(partition, "")
+
+    def manifest_hash(self, batch: str) -> str:
+        """The content hash of a batch manifest (raises PartitionKeyError for an unknown batch)."""
+        if not self.bulk:
+            return load_manifest(self.root, batch).content_hash()
+        source = parse_batch_key(batch)[0]
+        hashes = self.cache.get(("manifests", source))
+        if hashes is None:
+            hashes = manifest_hashes(self.root, source)
+            self.cache[("manifests", source)] = hashes
+        return hashes[batch] if batch in hashes else load_manifest(self.root, batch).content_hash()
 
 
 FingerprintFn = Callable[[FingerprintContext, str | None], str]
@@ -58,26 +91,123 @@ def digest(*parts: object) -> str:
     return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:20]
 
 
-def recorded_fingerprints(instance: dg.DagsterInstance, key: dg.AssetKey) -> dict[str | None, str]:
-    """Latest recorded fingerprint per partition key (``None`` for unpartitioned)."""
-    out: dict[str | None, str] = {}
-    cursor = None
-    while True:
-        res = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=500,
-                                              cursor=cursor, ascending=False)
+#: Materialization records fetched per query when reading the latest one of every partition.
+RECORDS_PER_QUERY = 500
+
+
+def latest_by_partition(instance: dg.DagsterInstance, key: dg.AssetKey) -> dict[str | None, dg.AssetMaterialization]:
+    """The latest materialization of every partition of ``key`` (``None`` for unpartitioned): one
+    query for the latest storage id per partition, then those records only, so the cost follows
+    the number of partitions, not the length of the history."""
+    ids = instance.event_log_storage.get_latest_storage_id_by_partition(key, DagsterEventType.ASSET_MATERIALIZATION)
+    out: dict[str | None, dg.AssetMaterialization] = {}
+    wanted = sorted(ids.values())
+    for a in range(0, len(wanted), RECORDS_PER_QUERY):
+        part = wanted[a:a + RECORDS_PER_QUERY]
+        res = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=part),
+                                              limit=len(part))
         for rec in res.records:
-            mat = rec.asset_materialization
-            if mat is None or mat.partition in out:
-                continue
-            value = mat.metadata.get(FINGERPRINT_KEY)
-            ranged = mat.metadata.get(FINGERPRINTS_KEY)
-            if ranged is not None and isinstance(ranged.value, dict):
-                out[mat.partition] = str(ranged.value.get(mat.partition, ""))
-            else:
-                out[mat.partition] = str(value.value) if value is not None else ""
-        if not res.has_more:
-            return out
-        cursor = res.cursor
+            if rec.asset_materialization is not None:
+                out[rec.asset_materialization.partition] = rec.asset_materialization
+    latest = instance.fetch_materializations(key, limit=1).records
+    if latest and latest[0].asset_materialization is not None and latest[0].asset_materialization.partition is None:
+        out[None] = latest[0].asset_materialization
+    return out
+
+
+def latest_data_versions(instance: dg.DagsterInstance, key: dg.AssetKey) -> dict[str, str]:
+    """``{partition: data version}`` of the latest materialization of every partition (one query)."""
+    tags = instance.event_log_storage.get_latest_tags_by_partition(
+        key, DagsterEventType.ASSET_MATERIALIZATION, [DATA_VERSION_TAG])
+    return {pk: t.get(DATA_VERSION_TAG, "") for pk, t in tags.items()}
+
+
+def recorded_fingerprint(mat: dg.AssetMaterialization) -> str:
+    """The fingerprint a materialization recorded for its partition ('' without one)."""
+    ranged = mat.metadata.get(FINGERPRINTS_KEY)
+    if ranged is not None and isinstance(ranged.value, dict):
+        return str(ranged.value.get(mat.partition, ""))
+    value = mat.metadata.get(FINGERPRINT_KEY)
+    return str(value.value) if value is not None else ""
+
+
+def _history_origin(instance: dg.DagsterInstance, key: dg.AssetKey) -> str:
+    """The storage id and time of the asset's first materialization: changes when its history is
+    wiped or the event log is a different one (storage ids then mean other events)."""
+    first = instance.fetch_materializations(key, limit=1, ascending=True).records
+    return f"{first[0].storage_id}@{first[0].timestamp}" if first else ""
+
+
+def recorded_fingerprints(instance: dg.DagsterInstance, key: dg.AssetKey,
+                          cache_dir: Path | None = None) -> dict[str | None, str]:
+    """Latest recorded fingerprint per partition key (``None`` for unpartitioned).
+
+    With ``cache_dir``, the fingerprints read are kept in a Parquet file per asset beside the
+    storage id of the event they came from. The next call asks the event log for the latest
+    storage id of every partition (one query) and reads only the records whose id is not cached
+    (partitions materialized since): a plan over 10^5 partitions reads what changed, not
+    everything. Event ids never change meaning within one history (checked by its first event).
+    """
+    ids = dict(instance.event_log_storage.get_latest_storage_id_by_partition(
+        key, DagsterEventType.ASSET_MATERIALIZATION))
+    origin = _history_origin(instance, key) if cache_dir is not None and ids else ""
+    cached = _load_cache(cache_dir, key, origin) if origin else {}
+    out: dict[str | None, str] = {}
+    missing: list[int] = []
+    for pk, sid in ids.items():
+        hit = cached.get(pk)
+        if hit is not None and hit[0] == sid:
+            out[pk] = hit[1]
+        else:
+            missing.append(sid)
+    for a in range(0, len(missing), RECORDS_PER_QUERY):
+        part = sorted(missing[a:a + RECORDS_PER_QUERY])
+        res = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=part), limit=len(part))
+        for rec in res.records:
+            if rec.asset_materialization is not None:
+                out[rec.asset_materialization.partition] = recorded_fingerprint(rec.asset_materialization)
+    if origin and missing:
+        _save_cache(cache_dir, key, origin, {pk: (ids[pk], out[pk]) for pk in ids if pk in out})
+    latest = instance.fetch_materializations(key, limit=1).records
+    if latest and latest[0].asset_materialization is not None and latest[0].asset_materialization.partition is None:
+        out[None] = recorded_fingerprint(latest[0].asset_materialization)
+    return out
+
+
+def _cache_path(cache_dir: Path, key: dg.AssetKey) -> Path:
+    return cache_dir / f"{'__'.join(key.path)}.parquet"
+
+
+def _load_cache(cache_dir: Path | None, key: dg.AssetKey, origin: str) -> dict[str, tuple[int, str]]:
+    import pyarrow.parquet as pq
+
+    if cache_dir is None or not _cache_path(cache_dir, key).is_file():
+        return {}
+    try:
+        table = pq.read_table(_cache_path(cache_dir, key))
+    except Exception:
+        return {}
+    if (table.schema.metadata or {}).get(b"origin", b"").decode() != origin:
+        return {}
+    cols = [table.column(c).to_pylist() for c in ("partition", "storage_id", "fingerprint")]
+    return {pk: (sid, fp) for pk, sid, fp in zip(*cols, strict=True)}
+
+
+def _save_cache(cache_dir: Path | None, key: dg.AssetKey, origin: str, rows: dict[str, tuple[int, str]]) -> None:
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if cache_dir is None:
+        return
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"partition": list(rows), "storage_id": [v[0] for v in rows.values()],
+                      "fingerprint": [v[1] for v in rows.values()]}).replace_schema_metadata({"origin": origin})
+    path = _cache_path(cache_dir, key)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
 
 
 def latest_materialization(instance: dg.DagsterInstance | None, key: dg.AssetKey | str,

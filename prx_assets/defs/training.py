@@ -14,7 +14,6 @@ from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
     digest,
-    latest_data_version,
     latest_materialization,
     register_fingerprint,
 )
@@ -63,7 +62,7 @@ def training_fingerprint_of(mixture_version: str) -> str:
 
 def training_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """The fingerprint a run now would record: of the mixture's current data version."""
-    return training_fingerprint_of(latest_data_version(ctx.instance, training_mixture.key, partition_key))
+    return training_fingerprint_of(ctx.data_version(training_mixture.key, partition_key))
 
 
 register_fingerprint("training_run", training_fingerprint)

@@ -146,7 +146,7 @@ def test_the_manifest_index_spares_parsing_every_manifest(tmp_path: Path, monkey
         write_folder_corpus(folder / f"drop{i}", n=2, seed=i, broken=False)
         discover(cfg, reader_for(cfg), root)
     index = root.list("ingest/batches/photos/_index")
-    assert index and all(p.endswith(".parquet") for p in index)
+    assert index and all(p.endswith((".parquet", ".hashes.json")) for p in index)
     known = batches.load_known(root, "photos")
     assert known.covered == known.seqs[-1]
     assert known.units == {u.key: u for m in load_manifests(root, "photos") for u in m.units}
@@ -164,3 +164,11 @@ def test_the_manifest_index_spares_parsing_every_manifest(tmp_path: Path, monkey
     known = batches.load_known(root, "photos")
     assert len(known.segments) == 1 and known.covered == known.seqs[-1]  # folded into one segment
     assert known.units == {u.key: u for m in load_manifests(root, "photos") for u in m.units}
+    # Planning reads manifest hashes from the files beside the segments, not the manifests.
+    truth = {m.key: m.content_hash() for m in load_manifests(root, "photos")}
+    parsed.clear()
+    assert batches.manifest_hashes(root, "photos") == truth and not parsed
+    # A manifest past the index (another discoverer's) is parsed for its hash.
+    extra = batches.BatchManifest(source="photos", seq=known.seqs[-1] + 1, units=())
+    root.write_bytes(batches.manifest_path("photos", extra.seq), extra.to_bytes())
+    assert batches.manifest_hashes(root, "photos") == {**truth, extra.key: extra.content_hash()}

@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from prx_assets.core.curate.dedup import first_occurrences, near_duplicates_phash, phash_pairs
+from prx_assets.core.curate.dedup import (
+    compact_rows,
+    embedding_pairs,
+    first_occurrences,
+    greedy_keep,
+    near_duplicates_embedding,
+    near_duplicates_phash,
+    phash_pairs,
+)
 
 
 def greedy_reference(hashes: list[int], distance: int) -> list[bool]:
@@ -53,3 +61,82 @@ def test_every_pair_within_the_distance_is_found() -> None:
 def test_exact_dedup_keeps_first_occurrences() -> None:
     assert first_occurrences(np.array(["b", "a", "b", "c", "a"])).tolist() == [True, True, False, True, False]
     assert near_duplicates_phash([], 4) == []
+
+
+def near_copies(n: int, dim: int, seed: int, share: float = 0.2) -> np.ndarray:
+    """Random unit vectors, ``share`` of them noisy copies of earlier ones (cosine about 0.97-0.999)."""
+    rng = np.random.default_rng(seed)
+    out = rng.standard_normal((n, dim)).astype(np.float32)
+    copies = np.flatnonzero(rng.random(n) < share)
+    copies = copies[copies > 0]
+    src = (rng.random(len(copies)) * copies).astype(np.int64)
+    noise = rng.uniform(0.03, 0.25, len(copies)).astype(np.float32)[:, None]
+    out[copies] = out[src] + noise * rng.standard_normal((len(copies), dim)).astype(np.float32) / np.sqrt(dim) * 1.0
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def embedding_reference(vecs: np.ndarray, threshold: float) -> list[bool]:
+    """The definition, one vector at a time against every kept one."""
+    kept: list[np.ndarray] = []
+    out = []
+    for v in vecs:
+        if not np.isfinite(v).all():
+            out.append(True)
+            continue
+        dup = bool(kept) and float(np.max(np.stack(kept) @ v)) >= threshold
+        out.append(not dup)
+        if not dup:
+            kept.append(v)
+    return out
+
+
+def test_embedding_dedup_exact_matches_the_definition() -> None:
+    vecs = near_copies(600, 16, seed=3)
+    vecs[[5, 77]] = np.nan
+    assert near_duplicates_embedding(vecs, 0.98) == embedding_reference(vecs, 0.98)
+
+
+def test_embedding_inverted_file_finds_the_pairs_the_exact_method_finds() -> None:
+    vecs = near_copies(12_000, 32, seed=5)
+    threshold = 0.97
+    exact = set(zip(*(a.tolist() for a in embedding_pairs(vecs, threshold)), strict=True))
+    ivf = set(zip(*(a.tolist() for a in embedding_pairs(vecs, threshold, exact_below=0)), strict=True))
+    assert len(exact) > 1_000
+    assert ivf <= exact  # every pair it reports is a true pair
+    assert len(ivf) / len(exact) >= 0.99  # recall
+    keep_ivf = near_duplicates_embedding(vecs, threshold, exact_below=0)
+    keep_exact = near_duplicates_embedding(vecs, threshold)
+    assert sum(a != b for a, b in zip(keep_ivf, keep_exact, strict=True)) <= 0.01 * len(vecs)
+
+
+def test_greedy_keep_resolves_chains_in_order() -> None:
+    # 0 ~ 1 ~ 2: 1 goes (0 kept), so 2 stays unless it also pairs with 0.
+    assert greedy_keep(3, np.array([1, 2]), np.array([0, 1])).tolist() == [True, False, True]
+    assert greedy_keep(3, np.array([1, 2, 2]), np.array([0, 1, 0])).tolist() == [True, False, False]
+
+
+def test_in_place_embedding_dedup_matches_the_copying_one() -> None:
+    vecs = near_copies(3_000, 16, seed=9)
+    vecs[[0, 10, 2_999]] = np.nan
+    expected = near_duplicates_embedding(vecs.copy(), 0.98, exact_below=0)
+    assert near_duplicates_embedding(vecs, 0.98, exact_below=0, overwrite=True) == expected
+    kept = np.array([2, 5, 6, 1_000])
+    rows = near_copies(1_200, 4, seed=1)
+    assert np.array_equal(compact_rows(rows.copy(), kept, chunk=3), rows[kept])
+
+
+def test_dedup_examples_hold() -> None:
+    import doctest
+
+    import prx_assets.core.curate.dedup as dedup
+
+    assert doctest.testmod(dedup).failed == 0
+
+
+def test_projected_candidates_are_checked_in_full_and_keep_recall() -> None:
+    vecs = near_copies(6_000, 512, seed=11, share=0.3)  # 512 > 2 x 128: candidates from the projection
+    threshold = 0.97
+    exact = set(zip(*(a.tolist() for a in embedding_pairs(vecs, threshold)), strict=True))
+    ivf = set(zip(*(a.tolist() for a in embedding_pairs(vecs, threshold, exact_below=0)), strict=True))
+    assert len(exact) > 500 and ivf <= exact
+    assert len(ivf) / len(exact) >= 0.99

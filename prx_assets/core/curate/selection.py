@@ -25,7 +25,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_assets.core.curate.dedup import first_occurrences, near_duplicates_embedding, near_duplicates_phash
+from prx_assets.core.curate.dedup import (
+    compact_rows,
+    first_occurrences,
+    near_duplicates_embedding,
+    near_duplicates_phash,
+)
 from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.lab.changes import vector_matrix
@@ -171,6 +176,12 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     area = pc.multiply(pc.cast(t.column("width"), pa.int64()), pc.cast(t.column("height"), pa.int64()))
     t = t.append_column("_area", area)
     t = t.take(pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]))
+    vecs: np.ndarray | None = None
+    if threshold is not None and embedding_column is not None:
+        # The vectors leave the table once, so the rules below do not copy them at every filter;
+        # "_pos" follows each surviving row back to its vector.
+        vecs = vector_matrix(t.column(embedding_column))
+        t = t.drop_columns([embedding_column]).append_column("_pos", pa.array(np.arange(t.num_rows)))
 
     def apply(rule: str, keep: pa.Array | np.ndarray) -> int:
         nonlocal t
@@ -202,9 +213,10 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     if recipe.dedup.phash_distance is not None:
         apply("dedup_phash", near_duplicates_phash(t.column("phash").to_numpy().astype(np.uint64),
                                                    int(recipe.dedup.phash_distance)))
-    if threshold is not None and embedding_column is not None:
-        vecs = vector_matrix(t.column(embedding_column))
-        apply("dedup_embedding", near_duplicates_embedding(vecs, float(threshold)))
+    if vecs is not None and threshold is not None:
+        apply("dedup_embedding", near_duplicates_embedding(compact_rows(vecs, t.column("_pos").to_numpy()),
+                                                           float(threshold), overwrite=True))
+        del vecs
     t = t.take(pc.sort_indices(t, sort_keys=[("image_id", "ascending")]))
     if recipe.cap is not None and t.num_rows > recipe.cap:
         pick = np.sort(np.random.default_rng(recipe.seed).permutation(t.num_rows)[: recipe.cap])

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,49 @@ def _segment_path(source: str, first: int, last: int) -> str:
     return f"{layout.batches_dir(source)}/_index/{first:05d}-{last:05d}.parquet"
 
 
+def _hashes_path(source: str, first: int, last: int) -> str:
+    """Beside each index segment: ``{seq: content hash}`` of its manifests (what planning reads)."""
+    return f"{layout.batches_dir(source)}/_index/{first:05d}-{last:05d}.hashes.json"
+
+
+def _spans(listing: Iterable[str], suffix: str) -> list[tuple[int, int, str]]:
+    """``(first, last, path)`` of the index files named ``<first>-<last><suffix>``."""
+    spans = []
+    for p in listing:
+        name = p.rsplit("/", 1)[-1]
+        if "/_index/" in p and name.endswith(suffix) and "-" in name:
+            first, last = name[: -len(suffix)].split("-", 1)
+            if first.isdigit() and last.isdigit():
+                spans.append((int(first), int(last), p))
+    return spans
+
+
+def _contiguous(spans: list[tuple[int, int, str]]) -> tuple[list[str], int]:
+    """The files that cover batches 1..n contiguously (longest first), and n."""
+    covered, paths = 0, []
+    for first, last, p in sorted(spans, key=lambda x: (x[0], -x[1])):
+        if first == covered + 1 and last > covered:
+            paths.append(p)
+            covered = last
+    return paths, covered
+
+
+def manifest_hashes(root: DataRoot, source: str) -> dict[str, str]:
+    """``{partition key: manifest content hash}`` of every batch of ``source``, from the hash files
+    beside the index segments plus the manifests past them: a few reads for any number of batches
+    (planning asks this once per run instead of parsing every manifest)."""
+    listing = root.list(layout.batches_dir(source))
+    seqs = sorted(q for q in (_manifest_seq(p) for p in listing) if q is not None)
+    paths, covered = _contiguous(_spans(listing, ".hashes.json"))
+    hashes: dict[int, str] = {}
+    for p in paths:
+        hashes.update({int(k): str(v) for k, v in json.loads(root.read_bytes(p)).items()})
+    for seq in seqs:
+        if seq > covered or seq not in hashes:
+            hashes[seq] = BatchManifest.from_bytes(root.read_bytes(manifest_path(source, seq))).content_hash()
+    return {batch_key(source, q): hashes[q] for q in seqs}
+
+
 @dataclass
 class KnownUnits:
     """Every unit already in a batch of a source, from the manifest index plus the manifests it
@@ -130,18 +174,8 @@ def load_known(root: DataRoot, source: str) -> KnownUnits:
     """The units of every batch of ``source``: index segments, then manifests past them."""
     listing = root.list(layout.batches_dir(source))
     seqs = sorted(q for q in (_manifest_seq(p) for p in listing) if q is not None)
-    spans = []
-    for p in listing:
-        name = p.rsplit("/", 1)[-1]
-        if "/_index/" in p and name.endswith(".parquet") and "-" in name:
-            first, last = name[:-8].split("-", 1)
-            if first.isdigit() and last.isdigit():
-                spans.append((int(first), int(last), p))
-    covered, tables = 0, []
-    for first, last, p in sorted(spans, key=lambda x: (x[0], -x[1])):
-        if first == covered + 1 and last > covered:  # contiguous from batch 1, longest first
-            tables.append(pq.read_table(io.BytesIO(root.read_bytes(p))))
-            covered = last
+    paths, covered = _contiguous(_spans(listing, ".parquet"))
+    tables = [pq.read_table(io.BytesIO(root.read_bytes(p))) for p in paths]
     covered = min(covered, seqs[-1] if seqs else 0)
     units: dict[str, Unit] = {}
     for t in tables:
@@ -167,12 +201,17 @@ def write_index(root: DataRoot, source: str, known: KnownUnits, new: list[BatchM
     fresh = pa.table(dict(zip(UNITS_SCHEMA.names, map(list, zip(*rows, strict=True)), strict=True))
                      if rows else {n: [] for n in UNITS_SCHEMA.names}, schema=UNITS_SCHEMA)
     last = max(m.seq for m in manifests)
+    hashes = {str(m.seq): m.content_hash() for m in manifests}
     if len(known.segments) + 1 > MAX_SEGMENTS:
         table, first = pa.concat_tables([*[t.cast(UNITS_SCHEMA) for t in known.segments], fresh]), 1
+        old = {parse_batch_key(k)[1]: v for k, v in manifest_hashes(root, source).items()}
+        hashes = {str(q): v for q, v in old.items() if q <= known.covered} | hashes
     else:
         table, first = fresh, known.covered + 1
     buf = io.BytesIO()
     pq.write_table(table, buf)
+    # The hashes first: a segment is only used for planning when its hash file is there too.
+    root.write_bytes(_hashes_path(source, first, last), json.dumps(hashes, sort_keys=True).encode())
     root.write_bytes(_segment_path(source, first, last), buf.getvalue())
 
 

@@ -98,13 +98,19 @@ def differs(current: pa.Array | pa.ChunkedArray, new: pa.Array | pa.ChunkedArray
     return pc.and_not(pc.fill_null(pc.invert(eq), True), both_null)
 
 
-def vector_matrix(arr: pa.FixedSizeListArray | pa.ChunkedArray) -> np.ndarray:
-    """A fixed-size list column as an ``n x dim`` float32 matrix, null rows as NaN (no Python lists)."""
-    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    dim, n = arr.type.list_size, len(arr)
-    values = arr.values.slice(arr.offset * dim, n * dim).to_numpy(zero_copy_only=False)
-    out = np.asarray(values, dtype=np.float32).reshape(n, dim).copy()
-    out[np.asarray(arr.is_null(), dtype=bool)] = np.nan
+def vector_matrix(arr: pa.FixedSizeListArray | pa.ChunkedArray, dtype: type = np.float32) -> np.ndarray:
+    """A fixed-size list column as an ``n x dim`` matrix (float32 unless ``dtype``), null rows as
+    NaN (no Python lists; filled chunk by chunk, so the column is never copied whole twice)."""
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    dim = arr.type.list_size
+    out = np.empty((len(arr), dim), dtype=dtype)
+    at = 0
+    for chunk in chunks:
+        n = len(chunk)
+        values = chunk.values.slice(chunk.offset * dim, n * dim).to_numpy(zero_copy_only=False)
+        out[at:at + n] = np.asarray(values).reshape(n, dim)
+        out[at:at + n][np.asarray(chunk.is_null(), dtype=bool)] = np.nan
+        at += n
     return out
 
 

@@ -29,8 +29,9 @@ from streaming.base.format.base.reader import Reader
 from streaming.base.util import retry
 
 from prx_assets.core.config.storage import read_uri
+from prx_assets.core.layout import SIDECAR_DIR
 
-SIDECAR_DIR = "columns"  # <shard set>/columns/s<stream>/ holds the sidecar of physical stream <stream>
+__all__ = ["SIDECAR_DIR", "JoinedReader", "SidecarMismatch", "SidecarStream"]
 CACHE_PREFIX = "_prx_sidecar"  # remote sidecars are cached under <stream cache>/_prx_sidecar<k>/
 
 

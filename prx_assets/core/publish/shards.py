@@ -46,9 +46,9 @@ from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
 from prx_assets.core.lab.sql import ID_CHUNK, rows_by_ids, where_eq
 from prx_assets.core.lab.sync import caption_column
+from prx_assets.core.layout import SIDECAR_DIR
 from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
 from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
-from prx_assets.core.publish.columns import SIDECAR_DIR
 from prx_assets.core.publish.incremental import (
     COMPACT_ABOVE,
     SAMPLES_FILE,
