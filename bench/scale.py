@@ -519,6 +519,10 @@ def child_main(argv: list[str]) -> None:
 
 def run() -> dict[str, Any]:
     """Measure (see module docs)."""
+    import signal
+
+    # A stopped bench (timeout, Ctrl-C) still removes its tables: they are gigabytes at 1M rows.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="prx-bench-scale-"))
     try:
         big, small = str(tmp / "big"), str(tmp / "small")

@@ -172,3 +172,33 @@ def test_the_manifest_index_spares_parsing_every_manifest(tmp_path: Path, monkey
     extra = batches.BatchManifest(source="photos", seq=known.seqs[-1] + 1, units=())
     root.write_bytes(batches.manifest_path("photos", extra.seq), extra.to_bytes())
     assert batches.manifest_hashes(root, "photos") == {**truth, extra.key: extra.content_hash()}
+
+
+def test_a_drop_is_found_without_turning_every_known_unit_into_objects(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Incremental discovery looks up the changed folders' files in the index segments (Arrow)
+    instead of building a dict of every known unit."""
+    import prx_assets.core.ingest.batches as batches
+
+    root = DataRoot(str(tmp_path / "root"))
+    folder = tmp_path / "photos"
+    cfg = folder_source(folder, batch_size=3)
+    write_folder_corpus(folder / "old", n=6, seed=1, broken=False)
+    discover(cfg, reader_for(cfg), root)
+    write_folder_corpus(folder / "old", n=8, seed=1, broken=False)  # two more files in a known folder
+    write_folder_corpus(folder / "new", n=2, seed=2, broken=False)
+    import os
+    import time as _time
+    past = _time.time() - 10
+    for d in (folder, folder / "old", folder / "new"):
+        os.utime(d, (past, past))
+
+    def refuse(self: object) -> None:
+        raise AssertionError("every known unit was materialized")
+
+    monkeypatch.setattr(batches.KnownUnits, "units", property(refuse))
+    report = discover(cfg, reader_for(cfg), root)
+    assert report.new_units == 4 and report.known_units == 6
+    monkeypatch.undo()
+    everything = {u.key for m in load_manifests(root, "photos") for u in m.units}
+    assert len(everything) == 10

@@ -15,11 +15,12 @@ import hashlib
 import io
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prx_assets.core import layout
@@ -160,14 +161,95 @@ def manifest_hashes(root: DataRoot, source: str) -> dict[str, str]:
 
 @dataclass
 class KnownUnits:
-    """Every unit already in a batch of a source, from the manifest index plus the manifests it
-    does not cover yet (one Parquet read per segment instead of one JSON parse per batch)."""
+    """Every unit already in a batch of a source: the manifest index's Parquet segments plus the
+    manifests they do not cover yet (``extra``). Nothing is turned into Python objects up front:
+    ``lookup`` finds given keys with a vectorized pass over the segments, so a discovery that
+    finds a few new files costs a scan of the index in Arrow, not a dict of every known unit."""
 
     seqs: list[int]
     keys: list[str]  # partition keys of every batch, in order
-    units: dict[str, Unit]
     covered: int  # manifests 1..covered are in index segments
     segments: list[pa.Table] = field(default_factory=list)
+    extra: dict[str, Unit] = field(default_factory=dict)
+    _all: dict[str, Unit] | None = field(default=None, repr=False)
+
+    @property
+    def count(self) -> int:
+        """Known units (a unit in two batches counts twice; discovery never writes that)."""
+        return sum(t.num_rows for t in self.segments) + len(self.extra)
+
+    @property
+    def units(self) -> dict[str, Unit]:
+        """Every known unit by key (materialized once, on first use: for full listings and tests)."""
+        if self._all is None:
+            units: dict[str, Unit] = {}
+            for t in self.segments:
+                cols = (t.column(c).to_pylist() for c in ("key", "size", "stamp", "weight"))
+                for key, size, stamp, weight in zip(*cols, strict=True):
+                    units[key] = Unit(key=key, size=size, stamp=stamp, weight=weight)
+            self._all = units | self.extra
+        return self._all
+
+    def lookup(self, keys: Iterable[str]) -> dict[str, Unit]:
+        """The known units among ``keys``."""
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        if self._all is not None:
+            return {k: self._all[k] for k in wanted if k in self._all}
+        value_set = pa.array(wanted, pa.string())
+        out: dict[str, Unit] = {}
+        for t in self.segments:
+            hit = t.filter(pc.is_in(t.column("key"), value_set=value_set))
+            for key, size, stamp, weight in zip(*(hit.column(c).to_pylist() for c in ("key", "size", "stamp", "weight")),
+                                                strict=True):
+                out[key] = Unit(key=key, size=size, stamp=stamp, weight=weight)
+        out.update({k: self.extra[k] for k in wanted if k in self.extra})
+        return out
+
+    def files(self) -> KnownFiles:
+        """The known files (a unit key up to ``#rg=``) and their stamps, looked up lazily."""
+        return KnownFiles(self)
+
+
+class KnownFiles(Mapping[str, str]):
+    """``{file key: stamp}`` of the known units. ``among(names)`` answers for many names in one
+    vectorized pass; single-key access materializes the mapping once (readers that ask per file)."""
+
+    def __init__(self, known: KnownUnits) -> None:
+        self._known = known
+        self._map: dict[str, str] | None = None
+
+    def _mapping(self) -> dict[str, str]:
+        if self._map is None:
+            self._map = {_file_of(k): u.stamp for k, u in self._known.units.items()}
+        return self._map
+
+    def __getitem__(self, key: str) -> str:
+        return self._mapping()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._mapping())
+
+    def __len__(self) -> int:
+        return len(self._mapping())
+
+    def among(self, names: Sequence[str]) -> set[str]:
+        """The file keys in ``names`` that are known."""
+        if not names:
+            return set()
+        if self._map is not None:
+            return {n for n in names if n in self._map}
+        value_set = pa.array(list(names), pa.string())
+        found: set[str] = set()
+        for t in self._known.segments:
+            files = t.column("key")
+            if pc.any(pc.match_substring(files, "#rg=")).as_py():  # row-group units: their file
+                files = pc.replace_substring_regex(files, pattern="#rg=.*$", replacement="")
+            found.update(pc.filter(files, pc.is_in(files, value_set=value_set)).to_pylist())
+        extra = {_file_of(k) for k in self._known.extra}
+        found.update(n for n in names if n in extra)
+        return found
 
 
 def load_known(root: DataRoot, source: str) -> KnownUnits:
@@ -177,17 +259,13 @@ def load_known(root: DataRoot, source: str) -> KnownUnits:
     paths, covered = _contiguous(_spans(listing, ".parquet"))
     tables = [pq.read_table(io.BytesIO(root.read_bytes(p))) for p in paths]
     covered = min(covered, seqs[-1] if seqs else 0)
-    units: dict[str, Unit] = {}
-    for t in tables:
-        for key, size, stamp, weight in zip(*(t.column(c).to_pylist() for c in ("key", "size", "stamp", "weight")),
-                                            strict=True):
-            units[key] = Unit(key=key, size=size, stamp=stamp, weight=weight)
+    extra: dict[str, Unit] = {}
     for seq in seqs:
         if seq > covered:
             for u in BatchManifest.from_bytes(root.read_bytes(manifest_path(source, seq))).units:
-                units[u.key] = u
-    return KnownUnits(seqs=seqs, keys=[batch_key(source, q) for q in seqs], units=units, covered=covered,
-                      segments=tables)
+                extra[u.key] = u
+    return KnownUnits(seqs=seqs, keys=[batch_key(source, q) for q in seqs], covered=covered, segments=tables,
+                      extra=extra)
 
 
 def write_index(root: DataRoot, source: str, known: KnownUnits, new: list[BatchManifest]) -> None:
@@ -287,8 +365,7 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
     claimed: list[str] = []
     for _ in range(max_attempts):
         index = load_known(root, config.name)
-        known = index.units
-        known_files = {_file_of(k): u.stamp for k, u in known.items()}
+        known_files = index.files()
         state = None
         if full:
             units = reader.list_units(known_files)
@@ -299,7 +376,8 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
                 previous = None
             units, state = reader.list_new(known_files, previous)
         report = DiscoveryReport(source=config.name, all_batches=list(index.keys),
-                                 known_units=len(known), new_batches=list(claimed))
+                                 known_units=index.count, new_batches=list(claimed))
+        known = index.lookup(u.key for u in units)
         new = []
         for u in units:
             old = known.get(u.key)

@@ -192,6 +192,7 @@ class FolderReader(SourceReader):
         now = time.time_ns()
         dirs: dict[str, list[Any]] = {}
         units: list[Unit] = []
+        files: dict[str, os.DirEntry[str]] = {}
         stack = [""]
         while stack:
             rel = stack.pop()
@@ -212,13 +213,20 @@ class FolderReader(SourceReader):
                             continue
                         if e.is_dir(follow_symlinks=False):
                             subdirs.append(name)
-                        elif name not in known_files and self._wants(name) and e.is_file():
-                            st = e.stat()
-                            units.append(Unit(key=name, size=st.st_size, stamp=str(st.st_mtime_ns)))
+                        elif self._wants(name):
+                            files[name] = e
             # a folder modified in the last second may change again within its mtime's granularity
             dirs[rel] = [mtime if now - mtime > 1_000_000_000 else -1, subdirs]
             if self.config.recursive:
                 stack.extend(subdirs)
+        # One lookup for the files of every changed folder (a pass over the index, not a set of
+        # every known file); only the new ones are stat-ed.
+        among = getattr(known_files, "among", None)
+        known = among(list(files)) if among is not None else {n for n in files if n in known_files}
+        for name, e in files.items():
+            if name not in known and e.is_file():
+                st = e.stat()
+                units.append(Unit(key=name, size=st.st_size, stamp=str(st.st_mtime_ns)))
         return sorted(units, key=lambda u: u.key), {"dirs": dirs}
 
     def _sidecar_caption(self, path: Path) -> str | None:
