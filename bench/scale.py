@@ -1,23 +1,31 @@
 """Scale: what a run costs at ``PRX_BENCH_SCALE_ROWS`` rows when 1% changes (default 100k here).
 
 Synthetic metadata rows (ids, hashes, pHash, captions and 1,152-d embeddings, float32 as
-the lab stores them; no pixels) are written into the project's own tables (created by ``open_or_create``, so they
-track row versions; bulk-appended in 250k-row batches). Each figure is measured in a
-child process (peak RSS from ``getrusage``), side by side and alternating (ABAB) after a
-warm-up of each side:
+the lab stores them, 2% exact, 5% pHash and 5% embedding near-duplicates planted; no pixels)
+are written into the project's own tables (created by ``open_or_create``, so they track row
+versions; bulk-appended in 250k-row batches). Each figure is measured in a child process (peak
+RSS from ``getrusage``), side by side and alternating (ABAB) after a warm-up of each side:
 
 - **lab sync**: 1% of the captions and embeddings re-written, then ``sync_lab`` by change vs
-  the same change synced by a full comparison (the cursor dropped): time share and peak
-  memory of the sync by change;
+  the same change synced by a full comparison (the cursor dropped): time share and peak memory;
+- **curation**: one recipe with min side, captions, exact + pHash + embedding dedup; pHash
+  dedup against the all-pairs greedy method on 20k rows; the embedding inverted file's recall
+  against every pair, for 2,000 sampled rows of up to 1M;
 - **commit latency**: one ingest commit of 5,000 rows (``replace_partition``) into the
-  table at 1% of its size vs at full size.
+  table at 1% of its size vs at full size; 8 processes committing at once, local and on a
+  moto S3 endpoint;
+- **discovery**: a 1% drop among ``PRX_BENCH_SCALE_FILES`` files vs a full re-listing;
+- **no-op run**: ``prx-assets run`` with ``PRX_BENCH_SCALE_BATCHES`` (20,000) batches
+  registered and recorded as materialized (PostgreSQL instance);
+- **end to end**: the demo graph with tiny models at ``PRX_BENCH_SCALE_E2E_IMAGES`` (4,000)
+  images, then 1% new images: platform time of the second run vs the first (captioning excluded).
 
 ``python -m bench scale [--json]``; the JSON line holds ``rows``, ``lab_sync_delta_share``,
-``lab_sync_peak_gb``, ``commit_latency_ratio`` and the raw figures. The default is 100k rows: a 1M-row run (4.6 GB of
-vectors per table) did not finish within 40 minutes on the 2-core machine, and 10M rows with
-1,152-d float32 embeddings are 46 GB of vectors (the embeddings table plus the lab's column: 92 GB),
-more than this machine's free disk; a full comparison of them would not fit its 24 GB of
-memory in one piece either, which is why the full sync walks id ranges.
+``lab_sync_peak_gb``, ``curation_seconds``, ``curation_peak_gb``, ``phash_pairs_match``,
+``embedding_recall``, ``commit_latency_ratio``, ``concurrent_writers_landed``,
+``noop_run_seconds``, ``discovery_delta_share``, ``e2e_incremental_share`` and the raw figures.
+10M rows with 1,152-d float32 embeddings are 46 GB of vectors (the embeddings table plus the
+lab's column: 92 GB), more than this machine's free disk, which is why the default is smaller.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import socket
@@ -54,6 +63,8 @@ EMBEDDING_CHECK_ROWS = int(os.environ.get("PRX_BENCH_SCALE_EMBEDDING_ROWS", "100
 EMBEDDING_CHECK_QUERIES = 2_000
 #: Batches registered for the no-op ``prx-assets run``.
 NOOP_BATCHES = int(os.environ.get("PRX_BENCH_SCALE_BATCHES", "20000"))
+#: Images of the end-to-end figure on the demo graph (0 skips it: a 4,000-image run takes ~30 min here).
+E2E_IMAGES = int(os.environ.get("PRX_BENCH_SCALE_E2E_IMAGES", "4000"))
 #: The local PostgreSQL server (trust auth) that holds the no-op bench's Dagster instance.
 PG = {"host": os.environ.get("PRX_PG_HOST", "127.0.0.1"), "port": int(os.environ.get("PRX_PG_PORT", "5432")),
       "user": os.environ.get("PRX_PG_USER", "postgres")}
@@ -329,6 +340,69 @@ def noop_figures(base: Path, batches: int, database: str) -> dict[str, Any]:
             "noop_run_seconds": round(statistics.median(runs[1:]), 2), "noop_spread": [round(x, 2) for x in runs[1:]]}
 
 
+_STEP = re.compile(r"^\[\d+/\d+\] (\S+)(?: (\S+))?: (ok|FAILED) \(([\d.]+)s\)")
+
+
+def _steps(out: str) -> list[tuple[str, str, float]]:
+    """``(asset, partition, seconds)`` of every partition a ``prx-assets run`` materialized."""
+    found = []
+    for line in out.splitlines():
+        m = _STEP.match(line)
+        if m:
+            if m.group(3) != "ok":
+                raise RuntimeError(f"a partition failed: {line}")
+            found.append((m.group(1), m.group(2) or "", float(m.group(4))))
+    return found
+
+
+def e2e_figures(base: Path, images: int) -> dict[str, Any]:
+    """The real demo graph (tiny offline models) at ``images`` images, up to training_mixture:
+    a full run, then 1% new images dropped into the photo folder and the graph run again.
+    Platform time is the sum of the partitions' step times without captioning (recaptions),
+    the model bill the issue excludes; the report lists which partitions the second run ran."""
+    import numpy as np
+
+    from prx_assets.core.config.storage import DataRoot
+    from prx_assets.core.demo.corpus import _variant_bytes, generate_demo_corpus, make_scene
+    from prx_assets.core.demo.tiny_models import ensure_tiny_models
+
+    data, home, models = base / "data", base / "home", base / "models"
+    for d in (data, home):
+        d.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(Path(__file__).parents[1] / "config", base / "config")
+    paths = {"PRX_CAPTIONER_MODEL": models / "tiny-qwen3-vl", "PRX_EMBEDDER_MODEL": models / "tiny-siglip",
+             "PRX_TEXT_ENCODER_MODEL": models / "tiny-qwen3-text"}
+    ensure_tiny_models([str(v) for v in paths.values()])
+    os.environ.update({k: str(v) for k, v in paths.items()})
+    root = DataRoot(str(data))
+    generate_demo_corpus(root, n_photos=int(images * 0.7), n_catalog=int(images * 0.2), n_web=int(images * 0.1))
+    t = time.perf_counter()
+    _, full_out = _cli(base, "run", "--select", "*training_mixture")
+    full_wall = time.perf_counter() - t
+    rng = np.random.default_rng(99)
+    added = max(1, images // 100)
+    for i in range(added):
+        scene = make_scene(rng, int(rng.integers(320, 900)), int(rng.integers(320, 900)))
+        root.write_bytes(f"demo/photos/bench_drop/new_{i:05d}.jpg", _variant_bytes("rgb_jpeg", scene.image, rng))
+    t = time.perf_counter()
+    _, inc_out = _cli(base, "run", "--select", "*training_mixture")
+    inc_wall = time.perf_counter() - t
+    full, inc = _steps(full_out), _steps(inc_out)
+
+    def platform(steps: list[tuple[str, str, float]]) -> float:
+        return sum(sec for asset, _, sec in steps if asset != "recaptions")
+
+    by_asset: dict[str, int] = {}
+    for asset, _, _ in inc:
+        by_asset[asset] = by_asset.get(asset, 0) + 1
+    return {"images": images, "added": added, "full_partitions": len(full), "full_platform_seconds": platform(full),
+            "full_captioning_seconds": sum(sec for a, _, sec in full if a == "recaptions"),
+            "full_wall_seconds": full_wall, "incremental_platform_seconds": platform(inc),
+            "incremental_wall_seconds": inc_wall, "incremental_partitions": by_asset,
+            "incremental_steps": [(a, pk, round(sec, 2)) for a, pk, sec in inc],
+            "e2e_incremental_share": platform(inc) / platform(full)}
+
+
 def _writer(root_uri: str, i: int, barrier: Any) -> None:
     from prx_assets.core.config.storage import DataRoot
     from prx_assets.core.lab.schema import IMAGES_SCHEMA
@@ -498,6 +572,8 @@ def child_main(argv: list[str]) -> None:
         result.update(sample=len(h), match=bool((fast == keep).all()), dropped=int((~keep).sum()))
     elif kind == "writers":  # argv[2] writers commit a new 5,000-row partition each, at once
         result.update(concurrent_writers(root, int(argv[2])))
+    elif kind == "e2e":
+        result.update(e2e_figures(Path(root_uri), int(argv[2])))
     elif kind == "noop":
         with postgres_database() as database:
             result.update(noop_figures(Path(root_uri), int(argv[2]), database))
@@ -561,6 +637,7 @@ def run() -> dict[str, Any]:
         discovery = _child(["discovery", str(tmp / "discovery"), str(FILES)])
         writers = {"local": _child(["writers", small, str(WRITERS)])}
         noop = _child(["noop", str(tmp / "noop"), str(NOOP_BATCHES)])
+        e2e = _child(["e2e", str(tmp / "e2e"), str(E2E_IMAGES)]) if E2E_IMAGES else None
         with moto_s3() as env:
             _child(["build", "s3://bench/lab", "10000"], env=env)
             writers["s3"] = _child(["writers", "s3://bench/lab", str(WRITERS)], env=env)
@@ -591,6 +668,7 @@ def run() -> dict[str, Any]:
             "concurrent_writers": {k: {**v, "seconds": round(v["seconds"], 2), "peak_gb": round(v["peak_gb"], 2)}
                                    for k, v in writers.items()},
             "noop": noop, "noop_run_seconds": noop["noop_run_seconds"],
+            "e2e": e2e, "e2e_incremental_share": round(e2e["e2e_incremental_share"], 4) if e2e else None,
             "concurrent_writers_landed": all(v["landed"] == WRITERS and not v["duplicate_keys"]
                                              for v in writers.values()),
             "spread": {**{f"sync_{k}": [round(x, 3) for x in v] for k, v in times.items()},
@@ -631,6 +709,11 @@ def format_table(r: dict[str, Any]) -> str:
         f"  `prx-assets run` with nothing to do, {r['noop']['batches']:,} batches registered "
         f"({r['noop']['partitions']:,} partitions, PostgreSQL instance): {r['noop_run_seconds']} s, the whole "
         f"command (spread {r['noop']['noop_spread']}; target <= 30 s)",
+        *([f"  end to end, the demo graph (tiny models) up to training_mixture at {r['e2e']['images']:,} images: "
+           f"{r['e2e']['added']} new images re-ran {r['e2e_incremental_share']:.2%} of the full run's platform time "
+           f"({r['e2e']['incremental_platform_seconds']:.1f} s vs {r['e2e']['full_platform_seconds']:.1f} s, "
+           f"captioning excluded: {r['e2e']['full_captioning_seconds']:.0f} s in the full run; target <= 5%); "
+           f"partitions re-run: {r['e2e']['incremental_partitions']}"] if r.get("e2e") else []),
         *[f"  {v['writers']} writers committing a 5,000-row partition each at once ({k}): {v['landed']} landed, "
           f"{v['duplicate_keys']} duplicate keys, {v['seconds']} s" for k, v in r["concurrent_writers"].items()],
     ])
@@ -638,7 +721,7 @@ def format_table(r: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] in {"build", "change", "sync", "commit", "curate", "phash_check",
-                                             "embedding_check", "discovery", "writers", "noop"}:
+                                             "embedding_check", "discovery", "writers", "noop", "e2e"}:
         child_main(sys.argv[1:])
     else:
         result = run()

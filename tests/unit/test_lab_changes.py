@@ -160,3 +160,34 @@ def test_a_few_changed_rows_keep_the_column_index_valid_for_the_rest(lab, monkey
     assert _images(root).count_rows() == 12
     hits = _images(root).to_table(columns=["image_id"], full_text_query="one new caption")
     assert rows[6]["image_id"] in hits.column(0).to_pylist()  # unindexed rows are still searched
+
+
+def test_a_full_comparison_writes_its_differences_together(lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Differences found over many id ranges are written in one go (a merge costs a pass over the
+    table), or in several once they pass the byte budget; the result is the same."""
+    import prx_assets.core.lab.sync as sync_module
+    from prx_assets.core import layout
+    from prx_assets.core.lab import changes
+
+    root, rows = lab
+    cap = caption_column("c-1")
+    sync_lab(root, captioner_ids=["c-1"])
+    add_captions(root, rows, "c-1", "a new caption")
+    monkeypatch.setattr(sync_module, "rows_per_range", lambda field_type: 1)  # many small ranges
+    writes: list[int] = []
+    real = changes.write_changed
+    monkeypatch.setattr(sync_module, "write_changed",
+                        lambda images, column, changed: writes.append(changed.num_rows) or real(images, column, changed))
+    Path(root.join(layout.lab_sync_state())).unlink()  # no cursor: a full comparison
+    res = sync_lab(root, captioner_ids=["c-1"])
+    assert res.modes[cap] == "full" and res.rows_updated[cap] == len(rows)
+    assert writes == [len(rows)]
+    assert all(v.startswith("a new caption") for v in _column(root, cap).values())
+
+    add_captions(root, rows, "c-1", "third")
+    monkeypatch.setattr(sync_module, "FULL_WRITE_BYTES", 1)  # every range past the budget
+    writes.clear()
+    Path(root.join(layout.lab_sync_state())).unlink()
+    assert sync_lab(root, captioner_ids=["c-1"]).rows_updated[cap] == len(rows)
+    assert len(writes) > 1 and sum(writes) == len(rows)
+    assert all(v.startswith("third") for v in _column(root, cap).values())

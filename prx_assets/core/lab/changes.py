@@ -194,19 +194,29 @@ def compare_and_merge(images: lance.LanceDataset, column: str, field_type: pa.Da
     return merge_changed(images, column, field_type, values, current)
 
 
-def merge_changed(images: lance.LanceDataset, column: str, field_type: pa.DataType, values: pa.Table,
-                  current: pa.Table) -> int:
-    """Given new ``values`` and the lab's ``current`` (``image_id``, ``column``), rewrite the column
-    for the rows that exist in the lab and differ (one ``rewrite_columns`` merge)."""
+def changed_values(column: str, field_type: pa.DataType, values: pa.Table, current: pa.Table) -> pa.Table:
+    """``image_id``/``column`` of the rows of ``values`` that exist in the lab's ``current``
+    (``image_id``, ``column``) with a different value."""
     left = pa.table({"image_id": values.column("image_id"), "_l": pa.array(np.arange(values.num_rows))})
     right = pa.table({"image_id": current.column("image_id"), "_r": pa.array(np.arange(current.num_rows))})
     pairs = left.join(right, "image_id", join_type="inner")
+    new = values.column("value").take(pairs.column("_l")).cast(field_type)
     if pairs.num_rows == 0:
-        return 0
-    new = values.column("value").take(pairs.column("_l"))
-    cur = current.column(column).take(pairs.column("_r"))
-    mask = differs(cur, new.cast(field_type))
-    changed = pa.table({"image_id": pairs.column("image_id"), column: new.cast(field_type)}).filter(mask)
+        return pa.table({"image_id": pairs.column("image_id"), column: new})
+    mask = differs(current.column(column).take(pairs.column("_r")), new)
+    return pa.table({"image_id": pairs.column("image_id"), column: new}).filter(mask)
+
+
+def merge_changed(images: lance.LanceDataset, column: str, field_type: pa.DataType, values: pa.Table,
+                  current: pa.Table) -> int:
+    """Given new ``values`` and the lab's ``current`` (``image_id``, ``column``), rewrite the column
+    for the rows that exist in the lab and differ."""
+    return write_changed(images, column, changed_values(column, field_type, values, current))
+
+
+def write_changed(images: lance.LanceDataset, column: str, changed: pa.Table) -> int:
+    """Write ``changed`` (``image_id``, ``column``) into the lab: whole rows when they are few (see
+    ``ROWS_MODE_SHARE``), else ``rewrite_columns`` merges in slices. Returns the rows written."""
     if changed.num_rows == 0:
         return 0
     if changed.num_rows <= ROWS_MODE_SHARE * images.count_rows():

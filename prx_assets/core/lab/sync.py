@@ -33,17 +33,20 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.changes import (
     SyncState,
     changed_rows,
+    changed_values,
     compare_and_merge,
     cursor_for,
     fill_new_column,
     full_rows,
-    merge_changed,
     rows_per_range,
+    write_changed,
 )
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
 from prx_assets.core.lab.sql import where_eq
 from prx_assets.core.lab.table import dataset_size, open_table, table_uri
 
+#: A full comparison writes the differences it has gathered once they hold this many bytes.
+FULL_WRITE_BYTES = 256 * 1024 * 1024
 CAPTION_PREFIX = "caption__"
 EMBEDDING_PREFIX = "emb__"
 PUBLISHED_TAG = "published"
@@ -109,8 +112,19 @@ def sync_column(images: lance.LanceDataset, source: lance.LanceDataset, column: 
     added = False
     updated = 0
     if since is None:
+        # Differences are gathered over id ranges and written together (up to FULL_WRITE_BYTES at
+        # a time): a merge costs a pass over the table's keys, so one per range would make a full
+        # comparison grow with the table times the number of ranges.
+        pending: list[pa.Table] = []
         for values, current in full_rows(source, value, where, images, column, rows_per_range(field_type)):
-            updated += merge_changed(images, column, field_type, values, current)
+            part = changed_values(column, field_type, values, current)
+            if part.num_rows:
+                pending.append(part)
+            if sum(t.nbytes for t in pending) > FULL_WRITE_BYTES:
+                updated += write_changed(images, column, pa.concat_tables(pending))
+                pending = []
+        if pending:
+            updated += write_changed(images, column, pa.concat_tables(pending))
         return added, updated, "full"
     for part in changed_rows(source, value, where, since, images, state.images_version):
         updated += compare_and_merge(images, column, field_type, part)
