@@ -11,7 +11,12 @@ from dagster_aws.s3 import S3Resource
 from prx_assets.defs.curation import curated_subsets
 from prx_assets.defs.enrichment import caption_quality, image_embeddings, recaptions
 from prx_assets.defs.ingest import ingest_job, jpeg_q92_cycles, raw_batch_sensor, raw_images
-from prx_assets.defs.lab import lance_maintenance, lance_maintenance_schedule, lance_table
+from prx_assets.defs.lab import (
+    lance_maintenance,
+    lance_maintenance_schedule,
+    lance_maintenance_sensor,
+    lance_table,
+)
 from prx_assets.defs.mixture import training_mixture
 from prx_assets.defs.shards import mds_readback, mds_shards
 from prx_assets.defs.training import training_run, training_sensor
@@ -25,7 +30,7 @@ defs = dg.Definitions(
     asset_checks=[jpeg_q92_cycles, caption_quality, mds_readback],
     jobs=[ingest_job, lance_maintenance],
     schedules=[lance_maintenance_schedule],
-    sensors=[raw_batch_sensor, training_sensor],
+    sensors=[raw_batch_sensor, training_sensor, lance_maintenance_sensor],
     resources={
         "storage": StorageResource(),
         "project": ProjectConfigResource(),

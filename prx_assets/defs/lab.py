@@ -5,7 +5,7 @@ from datetime import timedelta
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.lab.maintenance import maintain
+from prx_assets.core.lab.maintenance import lance_tables, maintain, table_health
 from prx_assets.core.lab.schema import IMAGES_TABLE
 from prx_assets.core.lab.sync import PUBLISHED_TAG, sync_lab
 from prx_assets.core.lab.table import table_uri
@@ -153,6 +153,22 @@ def compact_and_clean(context: dg.OpExecutionContext, config: MaintenanceConfig,
 def lance_maintenance() -> None:
     """Maintenance job (scheduled nightly; the schedule is off by default)."""
     compact_and_clean()
+
+
+@dg.sensor(job=lance_maintenance, minimum_interval_seconds=600, default_status=dg.DefaultSensorStatus.STOPPED)
+def lance_maintenance_sensor(context: dg.SensorEvaluationContext, storage: StorageResource) -> dg.SensorResult:
+    """Keep every Lance table within bounds: request lance_maintenance when one has more than
+    ``MAX_FRAGMENTS`` fragments or more than ``MAX_UNINDEXED_SHARE`` of its rows outside an index
+    (reads manifests and index statistics only; one request per table version)."""
+    root = storage.root()
+    reasons = [why for h in (table_health(root, n) for n in lance_tables(root))
+               if h is not None and (why := h.needs_maintenance()) is not None]
+    if not reasons:
+        return dg.SensorResult(skip_reason="every table within bounds")
+    key = digest(*sorted(reasons))
+    context.log.info("; ".join(reasons))
+    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"maintenance:{key}",
+                                                       tags={"prx/maintenance_reasons": "; ".join(reasons)[:1000]})])
 
 
 lance_maintenance_schedule = dg.ScheduleDefinition(

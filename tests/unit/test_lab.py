@@ -181,3 +181,33 @@ def test_bad_queries_name_the_problem(lab) -> None:
         query(ds, near="abc")
     with pytest.raises(QueryError, match=r"cannot open tag 'missing'"):
         open_lab(root, tag="missing")
+
+
+def test_maintenance_is_requested_when_a_table_passes_its_bounds(lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The maintenance sensor reads manifests and index statistics, requests lance_maintenance
+    once a table has too many fragments or unindexed rows, and is quiet after maintenance."""
+    import dagster as dg
+
+    import prx_assets.core.lab.maintenance as maintenance
+    from prx_assets.defs.lab import lance_maintenance_sensor
+    from prx_assets.resources.storage import StorageResource
+
+    root, _ = lab
+    sync_lab(root)  # indexes
+    health = maintenance.table_health(root, "images")
+    assert health is not None and health.fragments == 3 and health.rows == 12
+    assert health.needs_maintenance() is None
+    assert health.needs_maintenance(max_fragments=2) == "images: 3 fragments > 2"
+    storage = StorageResource(data_root=root.uri)
+
+    def evaluate() -> dg.SensorResult:
+        with dg.build_sensor_context(resources={"storage": storage}) as ctx:
+            return lance_maintenance_sensor(ctx)
+
+    assert evaluate().skip_reason is not None
+    monkeypatch.setattr(maintenance, "MAX_FRAGMENTS", 2)
+    (request,) = evaluate().run_requests
+    assert "images: 3 fragments > 2" in request.tags["prx/maintenance_reasons"]
+    maintain(root)
+    assert maintenance.table_health(root, "images").fragments == 1
+    assert evaluate().skip_reason is not None

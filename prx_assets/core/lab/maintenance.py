@@ -36,6 +36,51 @@ class MaintenanceReport:
         return dict(self.__dict__)
 
 
+#: Past this many fragments a table is compacted (ingest appends one or more per batch).
+MAX_FRAGMENTS = 256
+#: Past this share of a table's rows outside an index, indexes are optimized.
+MAX_UNINDEXED_SHARE = 0.10
+
+
+@dataclass
+class TableHealth:
+    """What maintenance bounds, read from a table's manifest and index statistics (no data scan)."""
+
+    table: str
+    version: int
+    rows: int
+    fragments: int
+    unindexed_rows: int  # the most rows any one index does not cover
+
+    def needs_maintenance(self, max_fragments: int | None = None,
+                          max_unindexed_share: float | None = None) -> str | None:
+        """Why this table is past its bounds (``MAX_FRAGMENTS``, ``MAX_UNINDEXED_SHARE`` unless
+        given), or ``None``."""
+        max_fragments = MAX_FRAGMENTS if max_fragments is None else max_fragments
+        max_unindexed_share = MAX_UNINDEXED_SHARE if max_unindexed_share is None else max_unindexed_share
+        if self.fragments > max_fragments:
+            return f"{self.table}: {self.fragments} fragments > {max_fragments}"
+        if self.rows and self.unindexed_rows > max_unindexed_share * self.rows:
+            return (f"{self.table}: {self.unindexed_rows} of {self.rows} rows outside an index "
+                    f"> {max_unindexed_share:.0%}")
+        return None
+
+
+def table_health(root: DataRoot, name: str) -> TableHealth | None:
+    """Fragments, rows and unindexed rows of one table (``None`` if it does not exist)."""
+    ds = open_table(root.join(layout.table(name)), root.storage_options())
+    if ds is None:
+        return None
+    unindexed = 0
+    for ix in ds.describe_indices():
+        try:
+            unindexed = max(unindexed, int(ds.stats.index_stats(ix.name).get("num_unindexed_rows", 0)))
+        except (KeyError, ValueError, RuntimeError):  # an index Lance cannot describe counts as covering nothing
+            unindexed = ds.count_rows()
+    return TableHealth(table=name, version=ds.version, rows=ds.count_rows(), fragments=len(ds.get_fragments()),
+                       unindexed_rows=unindexed)
+
+
 def lance_tables(root: DataRoot) -> list[str]:
     """Names of the Lance tables under the data root."""
     names = {layout.table_name(p.split("/")[1]) for p in root.list(layout.LANCE_DIR) if p.count("/") >= 2}
