@@ -191,3 +191,11 @@ def test_a_full_comparison_writes_its_differences_together(lab, monkeypatch: pyt
     assert sync_lab(root, captioner_ids=["c-1"]).rows_updated[cap] == len(rows)
     assert len(writes) > 1 and sum(writes) == len(rows)
     assert all(v.startswith("third") for v in _column(root, cap).values())
+
+
+def test_change_examples_hold() -> None:
+    import doctest
+
+    from prx_assets.core.lab import changes
+
+    assert doctest.testmod(changes).failed == 0

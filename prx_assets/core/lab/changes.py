@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -115,21 +116,25 @@ def vector_matrix(arr: pa.FixedSizeListArray | pa.ChunkedArray, dtype: type = np
 
 
 def id_ranges(rows: int, chunk: int = FULL_CHUNK_ROWS) -> list[str | None]:
-    """Filters that split image ids into ranges of about ``chunk`` rows each (ids are uniform hex
-    digests); the first and last are open-ended, so every id falls in exactly one.
+    """Filters that split image ids into about ``rows / chunk`` ranges of equal share (ids are
+    uniform hex digests, so a range of prefixes holds its share of the rows); the first and last
+    are open-ended, so every id falls in exactly one.
 
     >>> id_ranges(10)
     [None]
-    >>> id_ranges(20, chunk=10)[:2]
-    ["image_id < '1'", "image_id >= '1' AND image_id < '2'"]
+    >>> id_ranges(20, chunk=10)
+    ["image_id < '80'", "image_id >= '80'"]
+    >>> len(id_ranges(1_000_000, chunk=58_254))
+    18
     """
-    parts = 1
-    while parts < rows / max(1, chunk) and parts < 65_536:
-        parts *= 16
-    if parts == 1:
+    parts = min(65_536, math.ceil(rows / max(1, chunk)))
+    if parts <= 1:
         return [None]
-    digits = len(f"{parts - 1:x}")
-    bounds = [f"{i:0{digits}x}" for i in range(1, parts)]
+    digits = 2
+    while 16 ** digits < 16 * parts:  # bounds fine enough that ranges differ by under 1/16
+        digits += 1
+    space = 16 ** digits
+    bounds = sorted({f"{round(i * space / parts):0{digits}x}" for i in range(1, parts)})
     return ([f"image_id < {literal(bounds[0])}"]
             + [f"image_id >= {literal(a)} AND image_id < {literal(b)}" for a, b in itertools.pairwise(bounds)]
             + [f"image_id >= {literal(bounds[-1])}"])
