@@ -144,11 +144,14 @@ class SourceConfig:
     license: str | None = None
     carry: tuple[str, ...] = ()
     ingest: IngestSettings = field(default_factory=IngestSettings)
+    follow_links: bool = False  # folder sources: ingest what links leading out of the folder point to
 
     def fingerprint(self) -> str:
         """Hash of everything in this source's config that changes ingested rows."""
         payload = dataclasses.asdict(self)
         payload.pop("batch_size")
+        if not payload["follow_links"]:
+            payload.pop("follow_links")  # the default leaves earlier fingerprints as they were
         payload["ingest"] = self.ingest.normalization_fingerprint()
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -185,7 +188,7 @@ def expand_env(value: str) -> str:
 _INGEST_FIELDS = {f.name: f for f in dataclasses.fields(IngestSettings)}
 _SOURCE_KEYS = {"name", "kind", "path", "uri", "batch_size", "extensions", "recursive",
                 "image_column", "caption_field", "license_field", "license", "carry", "ingest",
-                "description"}
+                "description", "follow_links"}
 
 
 def _parse_ingest(raw: Any, base: IngestSettings, where: str, path: str) -> IngestSettings:
@@ -372,8 +375,18 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
             license=raw.get("license"),
             carry=tuple(carry),
             ingest=_parse_ingest(raw.get("ingest"), base, where, spath),
+            follow_links=_flag(raw, "follow_links", where, spath),
         ))
     return SourcesConfig(path=spath, sources=tuple(sources), ingest=base)
+
+
+def _flag(raw: Mapping[str, Any], key: str, where: str, path: str, default: bool = False) -> bool:
+    """A true/false setting; anything else is a ConfigError naming it."""
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} must be true or false", path=path, entry=where,
+                          fix=f"write {key}: true or {key}: false")
+    return value
 
 
 def loc_is_s3(raw: Mapping[str, Any], kind: str) -> bool:

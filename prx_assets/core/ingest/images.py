@@ -48,6 +48,10 @@ class RejectReason(str, Enum):
     UNSUPPORTED_MODE = "unsupported_mode"
     READ_ERROR = "read_error"
     NO_IMAGE_MEMBER = "no_image_member"
+    NOT_A_FILE = "not_a_file"  # a FIFO, socket or device where a file was listed
+    OUTSIDE_SOURCE = "outside_source"  # a link out of a folder source (follow_links is off)
+    UNREADABLE_UNIT = "unreadable_unit"  # a whole Parquet file / tar shard that cannot be opened
+    BAD_ROW = "bad_row"  # a row whose image cell is not image bytes
 
 
 class ImageRejected(PrxError):

@@ -32,6 +32,7 @@ from prx_assets.core.lab.schema import (
     image_id,
 )
 from prx_assets.core.lab.table import replace_partition, table_uri
+from prx_assets.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +139,17 @@ def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSet
 
 
 def iter_items(manifest: BatchManifest, reader: SourceReader) -> Iterator[SourceItem]:
-    """Every item of every unit in the manifest, in order."""
+    """Every item of every unit in the manifest, in order. A unit that cannot be read (a corrupt
+    Parquet file or tar shard, or one that breaks part way) becomes one ``unreadable_unit``
+    reject for what it did not yield; the other units go on. Configuration errors still stop."""
     for unit in manifest.units:
-        yield from reader.read_unit(unit)
+        try:
+            yield from reader.read_unit(unit)
+        except ConfigError:
+            raise
+        except Exception as e:
+            yield SourceItem(uri=unit.key, error=(RejectReason.UNREADABLE_UNIT.value,
+                                                  f"cannot read {unit.key}: {type(e).__name__}: {e}"))
 
 
 def ordered_map(fn: Callable[[SourceItem], Outcome], items: Iterator[SourceItem],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import posixpath
 import tarfile
@@ -24,6 +25,8 @@ from typing import Any, ClassVar
 from prx_assets.core.config.project import SourceConfig
 from prx_assets.core.config.storage import ObjectStoreSettings, is_remote, split_s3
 from prx_assets.errors import ConfigError, SourceError
+
+log = logging.getLogger(__name__)
 
 S3ClientFactory = Callable[[], Any]
 
@@ -155,6 +158,15 @@ class SourceReader:
         return sorted(units, key=lambda u: u.key)
 
 
+def _entry_unit(rel: str, path: Path) -> Unit:
+    """A folder entry as a unit, stat-ed through links; a broken link (or loop) by the link itself."""
+    try:
+        st = path.stat()
+    except OSError:
+        st = path.lstat()
+    return Unit(key=rel, size=st.st_size, stamp=str(st.st_mtime_ns))
+
+
 class FolderReader(SourceReader):
     """A local or shared-filesystem folder (recursive glob, extension filter)."""
 
@@ -176,10 +188,9 @@ class FolderReader(SourceReader):
             rel = p.relative_to(root).as_posix()
             if any(part.startswith(".") for part in rel.split("/")) or not self._wants(rel):
                 continue
-            if not p.is_file():
+            if p.is_dir() and not p.is_symlink():
                 continue
-            st = p.stat()
-            units.append(Unit(key=rel, size=st.st_size, stamp=str(st.st_mtime_ns)))
+            units.append(_entry_unit(rel, p))
         return sorted(units, key=lambda u: u.key)
 
     def list_new(self, known_files: Mapping[str, str],
@@ -224,9 +235,8 @@ class FolderReader(SourceReader):
         among = getattr(known_files, "among", None)
         known = among(list(files)) if among is not None else {n for n in files if n in known_files}
         for name, e in files.items():
-            if name not in known and e.is_file():
-                st = e.stat()
-                units.append(Unit(key=name, size=st.st_size, stamp=str(st.st_mtime_ns)))
+            if name not in known:  # links and special files too: ingest records why they are skipped
+                units.append(_entry_unit(name, Path(e.path)))
         return sorted(units, key=lambda u: u.key), {"dirs": dirs}
 
     def _sidecar_caption(self, path: Path) -> str | None:
@@ -240,8 +250,30 @@ class FolderReader(SourceReader):
 
     def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
         path = Path(self.config.location) / unit.key
+        problem = self._not_a_source_file(path)
+        if problem is not None:
+            yield SourceItem(uri=str(path), error=problem, license=self.config.license)
+            return
         yield SourceItem(uri=str(path), fetch=path.read_bytes, caption=self._sidecar_caption(path),
                          license=self.config.license)
+
+    def _not_a_source_file(self, path: Path) -> tuple[str, str] | None:
+        """Why ``path`` is not read (a reject reason and message), or ``None`` for a regular file
+        inside the source (links are resolved; one leading out of the folder is refused unless
+        ``follow_links``)."""
+        try:
+            target = path.resolve(strict=True)
+        except (OSError, RuntimeError) as e:  # dangling link, link loop, vanished file
+            return "read_error", f"cannot resolve {path}: {e}"
+        if path.is_symlink() and not self.config.follow_links:
+            root = Path(self.config.location).resolve()
+            if not target.is_relative_to(root):
+                return ("outside_source", f"{path} is a link to {target}, outside the source folder {root}; "
+                        "set follow_links: true on the source to ingest what it points to")
+        if not target.is_file():
+            kind = "folder" if target.is_dir() else "FIFO, socket or device"
+            return "not_a_file", f"{path} is a {kind}, not a regular file"
+        return None
 
     def read_uri(self, uri: str) -> bytes:
         return Path(uri).read_bytes()
@@ -322,7 +354,13 @@ class ParquetReader(SourceReader):
         for f in _list_files(self, self.config.location, (".parquet", ".pq")):
             if known_files and known_files.get(f.key) == f.stamp:
                 continue  # already batched and unchanged: no need to open it
-            pf = self._open(f.key)
+            try:
+                pf = self._open(f.key)
+            except Exception as e:
+                log.warning("source %r: cannot open %s (%s: %s); its ingest records it as a reject",
+                            self.config.name, f.key, type(e).__name__, e)
+                units.append(Unit(key=f"{f.key}#rg=0", size=f.size, stamp=f.stamp, weight=1))
+                continue
             names = pf.schema_arrow.names
             if self.config.image_column not in names:
                 raise ConfigError(
@@ -354,6 +392,10 @@ class ParquetReader(SourceReader):
             img = row[self.config.image_column]
             if isinstance(img, dict):
                 img = img.get("bytes")
+            if img is not None and not isinstance(img, bytes | bytearray | memoryview):
+                yield SourceItem(uri=f"{path}#row={offset + i}", error=(
+                    "bad_row", f"column {self.config.image_column!r} holds {type(img).__name__}, not image bytes"))
+                continue
             item = SourceItem(
                 uri=f"{path}#row={offset + i}",
                 data=bytes(img) if img is not None else b"",

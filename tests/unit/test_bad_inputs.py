@@ -1,0 +1,73 @@
+"""One bad file never takes down a source: links, special files, corrupt Parquet files and bad
+rows become reject rows with a reason, and everything else in the source is ingested."""
+
+import os
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prx_assets.core.config.project import IngestSettings, SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.ingest.batches import discover, load_manifests
+from prx_assets.core.ingest.pipeline import ingest_batch
+from prx_assets.core.ingest.sources import reader_for
+from tests.helpers import encode, photo, write_folder_corpus
+
+
+def _ingest_all(cfg: SourceConfig, root: DataRoot) -> tuple[int, dict[str, int], list[dict]]:
+    discover(cfg, reader_for(cfg), root)
+    rows, reasons = 0, {}
+    for m in load_manifests(root, cfg.name):
+        res = ingest_batch(m, reader_for(cfg), root, cfg.ingest)
+        rows += res.rows
+        for k, v in res.rejects.items():
+            reasons[k] = reasons.get(k, 0) + v
+    rejects = lance.dataset(root.join("lance/rejects.lance")).to_table().to_pylist()
+    return rows, reasons, [r for r in rejects if r["source"] == cfg.name]
+
+
+def test_links_and_special_files_are_recorded_not_followed(tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    write_folder_corpus(folder, n=4, broken=False)
+    outside = tmp_path / "secret.jpg"
+    outside.write_bytes(encode(photo(200, 150, seed=7), "JPEG"))
+    (folder / "out.jpg").symlink_to(outside)  # leads out of the source
+    (folder / "in.jpg").symlink_to(folder / "img_0_000.jpg")  # stays inside: ingested
+    (folder / "dangling.jpg").symlink_to(tmp_path / "nothing.jpg")
+    (folder / "loop.jpg").symlink_to(folder / "loop.jpg")
+    os.mkfifo(folder / "pipe.jpg")
+    cfg = SourceConfig(name="photos", kind="folder", location=str(folder), batch_size=100,
+                       ingest=IngestSettings(workers=1))
+    rows, reasons, rejects = _ingest_all(cfg, DataRoot(str(tmp_path / "root")))
+    assert rows == 5  # four files and the link inside the folder
+    assert reasons == {"outside_source": 1, "read_error": 2, "not_a_file": 1}
+    by_name = {Path(r["uri"]).name: r for r in rejects}
+    assert by_name["out.jpg"]["reason"] == "outside_source" and "follow_links" in by_name["out.jpg"]["message"]
+    assert by_name["pipe.jpg"]["reason"] == "not_a_file"
+    assert by_name["out.jpg"]["orig_bytes"] == 0  # nothing of the outside file was read
+
+    followed = SourceConfig(name="linked", kind="folder", location=str(folder), batch_size=100,
+                            ingest=IngestSettings(workers=1), follow_links=True)
+    rows, reasons, _ = _ingest_all(followed, DataRoot(str(tmp_path / "root2")))
+    assert rows == 6 and "outside_source" not in reasons
+
+
+def test_corrupt_parquet_files_and_bad_rows_are_rejects(tmp_path: Path) -> None:
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    imgs = [encode(photo(120, 100, seed=i), "PNG") for i in range(8)]
+    good = pa.table({"image": pa.array(imgs, pa.binary())})
+    pq.write_table(good, folder / "a.parquet", row_group_size=4)
+    (folder / "empty.parquet").write_bytes(b"")
+    (folder / "garbage.parquet").write_bytes(b"PAR1 this is not parquet" * 20)
+    pq.write_table(good.slice(0, 3), folder / "b.parquet")
+    pq.write_table(pa.table({"image": ["a path, not bytes", "another"]}), folder / "c.parquet")  # strings
+    cfg = SourceConfig(name="pq", kind="parquet", location=str(folder), batch_size=100,
+                       ingest=IngestSettings(workers=1))
+    rows, reasons, rejects = _ingest_all(cfg, DataRoot(str(tmp_path / "root")))
+    assert rows == 11  # a.parquet and b.parquet whole
+    assert reasons == {"unreadable_unit": 2, "bad_row": 2}
+    assert {Path(r["uri"].split("#")[0]).name for r in rejects} == {"empty.parquet", "garbage.parquet", "c.parquet"}
+    assert all(r["message"] for r in rejects)
