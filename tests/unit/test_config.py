@@ -62,6 +62,16 @@ sources:
      r"environment variable NOPE_NOT_SET is not set"),
     ("ingest: {aspect_buckets: ['16x9']}\nsources: []\n", r"aspect bucket '16x9' is not of the form"),
     ("just a string\n", r"expected a mapping with a 'sources:' list"),
+    ("ingest: {jpeg_quality: high}\nsources: []\n",
+     r"sources.yaml: ingest: jpeg_quality='high': expected an int, got str \(fix: write jpeg_quality: 92"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {max_aspect: wide}}\n",
+     r"source 'x': max_aspect='wide': expected a float, got str"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {max_side: [1]}}\n",
+     r"max_side=\[1\]: expected an int or null, got list"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {workers: true}}\n", r"workers=True: expected an int"),
+    ("ingest: {aspect_buckets: '16:9'}\nsources: []\n", r"aspect_buckets='16:9': expected a list"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, follow_links: sometimes}\n",
+     r"follow_links='sometimes' must be true or false"),
 ])
 def test_bad_config_names_file_source_and_fix(tmp_path: Path, text: str, pattern: str) -> None:
     p = write(tmp_path, text)

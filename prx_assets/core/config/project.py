@@ -186,6 +186,8 @@ def expand_env(value: str) -> str:
 
 
 _INGEST_FIELDS = {f.name: f for f in dataclasses.fields(IngestSettings)}
+#: Each ingest setting's declared type as written (``from __future__ import annotations``: strings).
+_INGEST_TYPES = {name: str(f.type) for name, f in _INGEST_FIELDS.items()}
 _SOURCE_KEYS = {"name", "kind", "path", "uri", "batch_size", "extensions", "recursive",
                 "image_column", "caption_field", "license_field", "license", "carry", "ingest",
                 "description", "follow_links"}
@@ -203,13 +205,37 @@ def _parse_ingest(raw: Any, base: IngestSettings, where: str, path: str) -> Inge
             raise ConfigError(f"unknown ingest setting {key!r}", path=path, entry=where,
                               fix=f"use one of: {', '.join(sorted(_INGEST_FIELDS))}")
         if key == "aspect_buckets":
+            if isinstance(value, str) or not isinstance(value, list | tuple):
+                raise ConfigError(f"aspect_buckets={value!r}: expected a list of 'W:H' strings, got "
+                                  f"{type(value).__name__}", path=path, entry=where,
+                                  fix="write aspect_buckets: ['1:1', '4:3', '16:9']")
             value = tuple(str(v) for v in value)
             for bucket in value:
                 _parse_ratio(bucket, path, where)
+        else:
+            value = _typed(key, value, _INGEST_TYPES[key], path, where)
         values[key] = value
     settings = dataclasses.replace(base, **values)
     _validate_ingest(settings, path, where)
     return settings
+
+
+def _typed(key: str, value: Any, expected: str, path: str, where: str) -> Any:
+    """``value`` checked against an ingest setting's declared type (``int``, ``float``, ``str``,
+    ``int | None``); a wrong type is a ConfigError naming expected and got, never a traceback."""
+    optional = expected.endswith("| None")
+    base = expected.split("|")[0].strip()
+    if value is None and optional:
+        return None
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, int | float) and not isinstance(value, bool),
+          "str": isinstance(value, str)}.get(base, True)
+    if not ok:
+        example = {"int": "92", "float": "4.0", "str": "'4:2:0'"}.get(base, "")
+        raise ConfigError(f"{key}={value!r}: expected {'an' if base == 'int' else 'a'} {base}"
+                          f"{' or null' if optional else ''}, got {type(value).__name__}", path=path, entry=where,
+                          fix=f"write {key}: {example}" + (f" (default {getattr(IngestSettings(), key)!r})"))
+    return float(value) if base == "float" else value
 
 
 def _parse_ratio(bucket: str, path: str, where: str) -> float:

@@ -63,8 +63,22 @@ def load_mixtures(path: str | os.PathLike[str] | None = None,
                               fix="use a unique lowercase name")
         where = f"mixture {name!r}"
         streams = []
-        for raw_s in raw.get("streams") or []:
-            recipe = raw_s.get("recipe") if isinstance(raw_s, Mapping) else None
+        listed = raw.get("streams") or []
+        if not isinstance(listed, list):
+            raise ConfigError(f"streams={listed!r}: expected a list of streams, got {type(listed).__name__}",
+                              path=spath, entry=where, fix="write streams: [{recipe: <recipe>, proportion: 1}]")
+        for j, raw_s in enumerate(listed):
+            if not isinstance(raw_s, Mapping):
+                raise ConfigError(f"streams[{j}]={raw_s!r}: expected a mapping with a recipe and a weight, got "
+                                  f"{type(raw_s).__name__}", path=spath, entry=where,
+                                  fix=f"write {{recipe: {raw_s if isinstance(raw_s, str) else '<recipe>'}, "
+                                      "proportion: 1}")
+            for k in ("proportion", "repeat", "choose"):
+                v = raw_s.get(k)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+                    raise ConfigError(f"streams[{j}].{k}={v!r}: expected a positive number", path=spath,
+                                      entry=where, fix=f"write {k}: 0.5")
+            recipe = raw_s.get("recipe")
             if known_recipes is not None and recipe not in known_recipes:
                 raise ConfigError(f"stream names unknown recipe {recipe!r}; known recipes: {known_recipes}",
                                   path=spath, entry=where, fix="add the recipe to recipes.yaml or fix the name")
