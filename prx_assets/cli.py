@@ -10,6 +10,8 @@ Verbs:
 - ``query``      filter, vector or full-text search the lab, at any version, with plans
 - ``status``     sources, batches and which partitions are materialized
 - ``rejects``    list rejected files with their reasons
+- ``doctor``     find (``--repair``: fix) duplicate keys, orphan partitions, leaked folders
+                 and runs left STARTED by a dead process
 
 Runs are recorded in the Dagster instance at ``$DAGSTER_HOME`` (default
 ``./.dagster_home``), so the UI (``make dev``) shows them.
@@ -19,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from collections import Counter
@@ -33,6 +36,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TABLE
 from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
+from prx_assets.defs.doctor import HOST_TAG, PID_TAG
 from prx_assets.errors import PrxError
 from prx_assets.resources.storage import ProjectConfigResource
 
@@ -267,6 +271,21 @@ def _report_skipped(skipped: dict[str, str]) -> None:
         print(f"  ... and {len(skipped) - 10} more")
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Find (``--repair``: fix) duplicates, orphan partitions, leaked folders and stuck runs."""
+    from prx_assets.defs.doctor import doctor
+
+    findings = doctor(_instance(), _root(), repair=args.repair, older_than_hours=args.older_than_hours)
+    for f in findings:
+        print(f.line())
+    left = [f for f in findings if not f.repaired]
+    if not findings:
+        print("nothing to repair: no duplicate keys, orphan partitions, leaked folders or stuck runs")
+    elif left:
+        print(f"{len(left)} problems found; `prx-assets doctor --repair` fixes them")
+    return 1 if left else 0
+
+
 def cmd_partitions(args: argparse.Namespace) -> int:
     """List registered dynamic partitions and the orphans among them; ``--prune`` removes orphans."""
     from prx_assets.defs.partitions import orphan_partitions
@@ -296,7 +315,7 @@ def _execute(job: Any, instance: dg.DagsterInstance, key: dg.AssetKey, pk: str |
     result = job.execute_in_process(
         instance=instance, partition_key=pk, asset_selection=[key], raise_on_error=False,
         run_config={"loggers": {"console": {"config": {"log_level": level}}}},
-        tags={"prx/launched_by": "prx-assets run"})
+        tags={"prx/launched_by": "prx-assets run", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())})
     took = time.perf_counter() - started
     status = "ok" if result.success else "FAILED"
     label = f"{key.to_user_string()} {pk}" if pk else key.to_user_string()
@@ -659,6 +678,12 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="sources, batches, every asset's partitions and the tables")
     st.add_argument("--json", action="store_true", help="one JSON document instead of text")
     st.set_defaults(fn=cmd_status)
+    dr = sub.add_parser("doctor", help="find (--repair: fix) duplicate keys, orphan partitions, leaked "
+                                       "staging/cache folders and runs left STARTED by a dead process")
+    dr.add_argument("--repair", action="store_true", help="fix what is found")
+    dr.add_argument("--older-than-hours", type=float, default=6.0,
+                    help="staging and cache folders untouched this long count as leaked (default 6)")
+    dr.set_defaults(fn=cmd_doctor)
     pa_ = sub.add_parser("partitions", help="registered dynamic partitions and orphans (keys nothing backs)")
     pa_.add_argument("--prune", action="store_true", help="remove orphaned partitions")
     pa_.set_defaults(fn=cmd_partitions)

@@ -1,0 +1,199 @@
+"""``prx-assets doctor``: find (and with ``repair``, fix) what crashes and concurrent runs leave.
+
+- duplicate keys in the images, captions and embeddings tables (reported with examples; a
+  duplicate is never silently dropped: ``repair`` keeps the most recently written row of each
+  key, see :func:`repair_duplicates`);
+- orphan partitions (batch keys without a manifest; captioners, recipes, mixtures gone from
+  the config): ``repair`` removes the keys, their history stays;
+- staging folders of shard sets that were never published, and MDS read-back caches in the
+  temporary folder, older than ``older_than``: ``repair`` deletes them;
+- Dagster runs of ``prx-assets run`` left STARTED by a process that no longer exists on this
+  host: ``repair`` marks them failed.
+
+Key columns are read one id range at a time (memory bounded by the range, not the table).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.changes import id_ranges
+from prx_assets.core.lab.maintenance import lance_tables
+from prx_assets.core.lab.sql import literal
+from prx_assets.core.lab.table import open_table
+from prx_assets.defs.partitions import orphan_partitions
+from prx_assets.resources.storage import ProjectConfigResource
+
+#: Tags ``prx-assets run`` puts on its in-process runs, so a dead one can be recognized.
+HOST_TAG, PID_TAG = "prx/host", "prx/pid"
+#: Key rows read per id range when looking for duplicates.
+KEY_ROWS_PER_RANGE = 2_000_000
+
+
+@dataclass
+class Finding:
+    """One problem: its kind, where it is, what was seen, and whether ``repair`` fixed it."""
+
+    kind: str
+    where: str
+    detail: str
+    repaired: bool = False
+
+    def line(self) -> str:
+        """One line for the console."""
+        return f"{'repaired' if self.repaired else 'found'}: {self.kind} {self.where}: {self.detail}"
+
+
+def table_keys(name: str) -> list[str] | None:
+    """The merge key of a lab table (``None`` for tables without one)."""
+    if name in ("images", "rejects"):
+        return ["image_id"]
+    if name == "captions":
+        return ["captioner_id", "image_id"]
+    if name.startswith("embeddings_"):
+        return ["embedder_id", "image_id"]
+    return None
+
+
+def duplicate_keys(ds: lance.LanceDataset, keys: list[str]) -> Iterator[pa.Table]:
+    """Tables of ``keys`` + ``count`` for every key held by more than one row, an id range at a time."""
+    for rng in id_ranges(ds.count_rows(), KEY_ROWS_PER_RANGE):
+        t = ds.to_table(columns=keys, filter=rng)
+        if t.num_rows == 0:
+            continue
+        counts = t.group_by(keys).aggregate([([], "count_all")]).rename_columns([*keys, "count"])
+        dups = counts.filter(pc.greater(counts.column("count"), 1))
+        if dups.num_rows:
+            yield dups
+
+
+def repair_duplicates(ds: lance.LanceDataset, keys: list[str], dups: pa.Table) -> int:
+    """Keep, for each duplicated key, the row written last (highest ``_row_last_updated_at_version``
+    where the table tracks it, then highest row id); delete the others by row id in one commit.
+    Returns the rows deleted."""
+    ids = sorted(set(dups.column("image_id").to_pylist()))
+    versioned = bool(getattr(ds, "has_stable_row_ids", False))
+    cols = [*keys, "_row_last_updated_at_version"] if versioned else list(keys)
+    rows = ds.to_table(columns=cols, filter=f"image_id IN ({', '.join(literal(i) for i in ids)})", with_row_id=True)
+    order = [(k, "ascending") for k in keys] + \
+        ([("_row_last_updated_at_version", "descending")] if versioned else []) + [("_rowid", "descending")]
+    rows = rows.take(pc.sort_indices(rows, sort_keys=order))
+    seen: set[tuple[object, ...]] = set()
+    drop: list[int] = []
+    key_cols = [rows.column(k).to_pylist() for k in keys]
+    for i, rowid in enumerate(rows.column("_rowid").to_pylist()):
+        key = tuple(col[i] for col in key_cols)
+        if key in seen:
+            drop.append(rowid)
+        else:
+            seen.add(key)
+    if drop:
+        ds.delete(f"_rowid IN ({', '.join(str(r) for r in drop)})")
+    return len(drop)
+
+
+def check_duplicates(root: DataRoot, repair: bool) -> list[Finding]:
+    """Duplicate merge keys in every keyed table."""
+    out = []
+    for name in lance_tables(root):
+        keys = table_keys(name)
+        ds = open_table(root.join(layout.table(name)), root.storage_options()) if keys else None
+        if ds is None or keys is None or any(k not in ds.schema.names for k in keys):
+            continue
+        for dups in duplicate_keys(ds, keys):
+            extra = int(pc.sum(dups.column("count")).as_py()) - dups.num_rows
+            example = dups.slice(0, 3).to_pylist()
+            f = Finding("duplicate_keys", name, f"{dups.num_rows} keys held by {extra} extra rows, e.g. {example}")
+            if repair:
+                removed = repair_duplicates(ds, keys, dups)
+                f.detail += f"; removed {removed} older rows"
+                f.repaired = True
+            out.append(f)
+    return out
+
+
+def check_orphans(instance: dg.DagsterInstance, root: DataRoot, repair: bool) -> list[Finding]:
+    """Registered partitions nothing backs any more."""
+    out = []
+    for name, keys in orphan_partitions(instance, ProjectConfigResource(), root).items():
+        for key, why in keys.items():
+            if repair:
+                instance.delete_dynamic_partition(name, key)
+            out.append(Finding("orphan_partition", f"{name}[{key}]", why, repaired=repair))
+    return out
+
+
+def _age_hours(path: Path) -> float:
+    try:
+        return (time.time() - path.stat().st_mtime) / 3600
+    except OSError:
+        return 0.0
+
+
+def check_leaked_folders(root: DataRoot, older_than_hours: float, repair: bool) -> list[Finding]:
+    """Unpublished staging folders under the data root (local) and read-back caches in the temp folder."""
+    candidates: list[Path] = []
+    if not root.remote:
+        mds = Path(root.join(layout.MDS_DIR))
+        if mds.is_dir():
+            candidates += [p for p in mds.glob("*/.staging-*") if p.is_dir()]
+    tmp = Path(tempfile.gettempdir())
+    candidates += [p for p in tmp.glob("prx-mds-*") if p.is_dir()]
+    out = []
+    for p in sorted(candidates):
+        age = _age_hours(p)
+        if age < older_than_hours:
+            continue
+        if repair:
+            shutil.rmtree(p, ignore_errors=True)
+        out.append(Finding("leaked_folder", str(p), f"untouched for {age:.1f} h", repaired=repair))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_stuck_runs(instance: dg.DagsterInstance, repair: bool) -> list[Finding]:
+    """Runs of ``prx-assets run`` on this host left STARTED by a process that is gone."""
+    out = []
+    host = socket.gethostname()
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
+        if run.tags.get(HOST_TAG) != host or not run.tags.get(PID_TAG, "").isdigit():
+            continue
+        pid = int(run.tags[PID_TAG])
+        if _alive(pid):
+            continue
+        f = Finding("stuck_run", run.run_id, f"STARTED by process {pid} on {host}, which no longer exists")
+        if repair:
+            instance.report_run_failed(run, f"process {pid} on {host} died; marked failed by prx-assets doctor")
+            f.repaired = True
+        out.append(f)
+    return out
+
+
+def doctor(instance: dg.DagsterInstance, root: DataRoot, repair: bool = False,
+           older_than_hours: float = 6.0) -> list[Finding]:
+    """Every check above, in order; with ``repair`` each finding is fixed as it is found."""
+    return [*check_stuck_runs(instance, repair), *check_orphans(instance, root, repair),
+            *check_leaked_folders(root, older_than_hours, repair), *check_duplicates(root, repair)]
