@@ -438,3 +438,25 @@ def test_sensor_fires_on_its_own_under_dagster_dev(trained_demo: dict[str, Any],
                                           asset_selection=[dg.AssetKey("training_mixture")]).success
             wait_for(lambda: sum(t["timestamp"] > last for t in _ticks(port)) >= 2, 120, "two more sensor ticks")
             assert len(sensor_runs()) == 1
+
+
+def test_a_job_still_queued_or_running_is_never_submitted_twice(slurm_cluster: None, tmp_path: Path) -> None:
+    """A run killed while its job runs leaves the job behind; materializing again refuses to submit
+    a second job of that name and names the first (real sbatch/squeue)."""
+    from prx_assets.core.jobs.render import job_name_for
+    from prx_assets.resources.slurm import SlurmResource
+
+    name = job_name_for("train", f"dup{os.getpid()}")
+    script = tmp_path / "hold.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH --job-name={name}\n#SBATCH --output={tmp_path}/hold.log\nsleep 120\n")
+    out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
+    job_id = out.stdout.strip().split(";")[0]
+    try:
+        slurm = SlurmResource(mode="slurm", shared_dir=str(tmp_path / "jobs"))
+        with pytest.raises(dg.Failure, match=rf"SLURM job {job_id} \({name}\) is already (PENDING|RUNNING).*"
+                                             rf"scancel {job_id}"):
+            slurm.pipes_client().run(context=dg.build_asset_context(), module="prx_assets.training.train",
+                                     job_name=name)
+        assert not list((tmp_path / "jobs").glob(f"{name}-*"))  # nothing was written for a second job
+    finally:
+        subprocess.run(["scancel", job_id], check=False)

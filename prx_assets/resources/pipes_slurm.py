@@ -41,6 +41,16 @@ class PipesSlurmClient(dg.PipesClient):
             env: Mapping[str, str] | None = None, training: bool = False) -> dg.PipesClientCompletedInvocation:
         """Submit, follow and collect one job; raises ``dg.Failure`` with the log tail if it fails."""
         mode = self.slurm.effective_mode()
+        executor = self.slurm.executor(mode)
+        queue = getattr(executor, "queue", None)
+        if queue is not None:  # a job of this name still queued or running (e.g. its run was killed)
+            for job in queue():
+                if job["name"] == job_name and job["state"] in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED"):
+                    raise dg.Failure(
+                        description=f"SLURM job {job['job_id']} ({job_name}) is already {job['state']}: a second "
+                                    "job for the same work is not submitted. Wait for it to finish, or cancel it "
+                                    f"with `scancel {job['job_id']}` and materialize again.",
+                        metadata={"job_id": job["job_id"], "state": job["state"]})
         job_dir = self.slurm.jobs_dir() / f"{job_name}-{uuid.uuid4().hex[:8]}"
         job_dir.mkdir(parents=True)
         with dg.open_pipes_session(
@@ -55,7 +65,6 @@ class PipesSlurmClient(dg.PipesClient):
             script = job_dir / "job.sbatch"
             script.write_text(render_sbatch(self.slurm.template_text(), spec))
             log_path = Path(spec.log_path)
-            executor = self.slurm.executor(mode)
             job_id = executor.submit(script, log_path)
             context.log.info(f"submitted {job_name} as {mode} job {job_id}; script {script}, log {log_path}")
             status = self._follow(context, executor, job_id)
