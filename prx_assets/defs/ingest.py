@@ -2,6 +2,7 @@
 
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -168,6 +169,7 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
     if not rows:
         return dg.AssetCheckResult(passed=True, metadata={"sampled": 0, "note": "no images in partition"})
     reader = reader_for(cfg, s3_client=s3.get_client)
+    started = time.perf_counter()
     images = []
     for row in pick_sample(rows, s.q92_sample, seed=len(rows)):
         prepared = prepare_rgb(reader.read_uri(row["uri"]), s)
@@ -175,6 +177,7 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
     report = run_experiment(images, s.jpeg_quality, s.q92_cycles, s.q92_min_psnr_db,
                             s.jpeg_subsampling)
     meta = report.to_metadata()
+    seconds = time.perf_counter() - started
     curve_rows = [[i + 1, v] for i, v in enumerate(meta["mean_psnr_curve_db"])]
     return dg.AssetCheckResult(
         passed=report.passed,
@@ -185,6 +188,8 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
             "quality": dg.MetadataValue.text(str(s.jpeg_quality)),
             "cycles": dg.MetadataValue.text(str(s.q92_cycles)),
             "sampled": len(images),
+            "measured_pixels": sum(c.measured_pixels for c in report.curves),
+            "check_seconds": round(seconds, 3),
             "first_cycle_psnr_db": meta["first_cycle_psnr_db"],
             "max_drop_db": meta["max_drop_db"],
             "last_cycle_psnr_db": meta["mean_psnr_curve_db"][-1],

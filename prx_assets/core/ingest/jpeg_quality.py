@@ -9,6 +9,7 @@ is high enough keeps PSNR high after the first cycle and nearly flat afterwards
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ class CycleCurve:
     psnr_db: tuple[float, ...]
     jpeg_bytes: int
     png_bytes: int
+    measured_pixels: int = 0  # pixels the cycles ran on (all of them, or the tiles')
 
     @property
     def size_ratio(self) -> float:
@@ -43,24 +45,62 @@ class CycleCurve:
         return self.jpeg_bytes / self.png_bytes if self.png_bytes else float("nan")
 
 
+#: Side of the square tiles large images are measured on (a multiple of the 16-pixel JPEG MCU).
+TILE = 256
+#: Pixels of one image the cycles run on. A larger image is measured on MCU-aligned tiles spread
+#: over it in a grid: JPEG codes each 8x8 block (16x16 with 4:2:0 chroma) on its own, so a tile's
+#: cycles reproduce the image's there, while time and memory stay bounded by the tiles.
+MAX_MEASURED_PIXELS = 16 * TILE * TILE
+
+
+def measured_regions(width: int, height: int, max_pixels: int = MAX_MEASURED_PIXELS) -> list[tuple[int, int, int, int]]:
+    """Boxes ``(left, top, right, bottom)`` the cycles run on: the whole image when it has at
+    most ``max_pixels`` (or ``max_pixels`` is 0), else a grid of tiles aligned to 16 pixels.
+
+    >>> measured_regions(640, 480)
+    [(0, 0, 640, 480)]
+    >>> len(measured_regions(4000, 3000)), measured_regions(4000, 3000)[0]
+    (15, (0, 0, 256, 256))
+    """
+    if max_pixels <= 0 or width * height <= max_pixels:
+        return [(0, 0, width, height)]
+    tw, th = min(TILE, width), min(TILE, height)
+    n = max(1, max_pixels // (tw * th))
+    cols = max(1, min(n, round(math.sqrt(n * width / height)), width // tw))
+    rows = max(1, min(n // cols, height // th))
+    xs = [min(width - tw, (round(i * (width - tw) / max(1, cols - 1)) // 16) * 16) for i in range(cols)]
+    ys = [min(height - th, (round(j * (height - th) / max(1, rows - 1)) // 16) * 16) for j in range(rows)]
+    return [(x, y, x + tw, y + th) for y in ys for x in xs]
+
+
 def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = "4:2:0",
-                label: str = "") -> CycleCurve:
-    """Run ``cycles`` decode/encode rounds on one RGB image."""
-    original = np.asarray(rgb.convert("RGB"))
-    current = rgb.convert("RGB")
-    curve = []
-    first_size = 0
-    for i in range(cycles):
-        data = encode_jpeg(current, quality, subsampling)
-        if i == 0:
-            first_size = len(data)
-        current = Image.open(io.BytesIO(data))
-        current.load()
-        curve.append(psnr(original, np.asarray(current)))
-    png = io.BytesIO()
-    rgb.convert("RGB").save(png, "PNG", compress_level=6)
+                label: str = "", max_pixels: int = MAX_MEASURED_PIXELS) -> CycleCurve:
+    """Run ``cycles`` decode/encode rounds on one RGB image (on tiles of it when it is larger than
+    ``max_pixels``: PSNR from the squared error summed over the tiles, sizes summed too)."""
+    rgb = rgb.convert("RGB")
+    regions = measured_regions(rgb.size[0], rgb.size[1], max_pixels)
+    sq_err = np.zeros(cycles)
+    pixels = 0
+    first_size = png_size = 0
+    for box in regions:
+        tile = rgb if len(regions) == 1 else rgb.crop(box)
+        original = np.asarray(tile, dtype=np.int16)
+        current = tile
+        for i in range(cycles):
+            data = encode_jpeg(current, quality, subsampling)
+            if i == 0:
+                first_size += len(data)
+            current = Image.open(io.BytesIO(data))
+            current.load()
+            diff = original - np.asarray(current, dtype=np.int16)
+            sq_err[i] += float(np.einsum("ijk,ijk->", diff, diff, dtype=np.float64))
+        pixels += original.size
+        png = io.BytesIO()
+        tile.save(png, "PNG", compress_level=6)
+        png_size += len(png.getvalue())
+    curve = [float("inf") if e == 0 else float(10.0 * np.log10(255.0**2 * pixels / e)) for e in sq_err]
     return CycleCurve(label=label, width=rgb.size[0], height=rgb.size[1], psnr_db=tuple(curve),
-                      jpeg_bytes=first_size, png_bytes=len(png.getvalue()))
+                      jpeg_bytes=first_size, png_bytes=png_size, measured_pixels=pixels // 3)
 
 
 @dataclass
@@ -124,7 +164,7 @@ class QualityReport:
             "first_cycle_psnr_db": round(self.first_cycle_psnr, 3),
             "max_drop_db": round(self.drop_db, 3),
             "jpeg_to_png_size_ratio": round(self.size_ratio, 4),
-            "images": [{"label": c.label, "size": f"{c.width}x{c.height}",
+            "images": [{"label": c.label, "size": f"{c.width}x{c.height}", "measured_pixels": c.measured_pixels,
                         "psnr_first_db": round(c.psnr_db[0], 2),
                         "psnr_last_db": round(c.psnr_db[-1], 2),
                         "jpeg_to_png": round(c.size_ratio, 4)} for c in self.curves],
