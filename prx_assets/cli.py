@@ -36,7 +36,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TABLE
 from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
-from prx_assets.defs.doctor import HOST_TAG, PID_TAG
+from prx_assets.defs.doctor import HOST_TAG, PID_TAG, check_stuck_runs
 from prx_assets.errors import PrxError
 from prx_assets.resources.storage import ProjectConfigResource
 
@@ -85,7 +85,17 @@ def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, An
 
     fresh = missing_partitions(instance, ProjectConfigResource(), (k for r in reports for k in r["all_batches"]))
     for name, keys in fresh.items():
-        instance.add_dynamic_partitions(name, keys)
+        try:
+            instance.add_dynamic_partitions(name, keys)
+        except Exception:  # another process (a second run, the sensor) registered some first: unique keys
+            known = set(instance.get_dynamic_partitions(name))
+            for key in keys:
+                if key not in known:
+                    try:
+                        instance.add_dynamic_partitions(name, [key])
+                    except Exception:
+                        if key not in instance.get_dynamic_partitions(name):
+                            raise
     return [k for keys in fresh.values() for k in keys]
 
 
@@ -226,6 +236,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from prx_assets.defs.partitions import orphan_partitions
 
     instance = _instance()
+    for f in check_stuck_runs(instance, repair=True):  # runs of a killed `prx-assets run` on this host
+        print(f"marked failed: run {f.where} ({f.detail})")
     reports = discover_batches(_root(), load_sources())
     register_partitions(instance, reports)
     skipped: dict[str, str] = {}

@@ -65,3 +65,28 @@ def test_bulk_data_versions_equal_per_partition_lookups(tmp_path: Path) -> None:
         for pk in ("p0", "p1", "p2", "p3", "missing"):
             assert bulk.data_version(KEY, pk) == one.data_version(KEY, pk)
         assert bulk.data_version(KEY, "p2") == "v2b"
+
+
+def test_registering_keys_another_process_just_added_is_not_an_error(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs (or a run and the sensor) register the same new batches at once: the loser of the
+    unique-key race registers what is still missing instead of failing."""
+    import prx_assets.defs.partitions as partitions
+    from prx_assets.cli import register_partitions
+
+    (tmp_path / "home").mkdir()
+    with dg.DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
+        monkeypatch.setattr(partitions, "missing_partitions", lambda *a, **k: {"raw_batches": ["s-00001", "s-00002"]})
+        real = instance.add_dynamic_partitions
+        raced: list[list[str]] = []
+
+        def racing(name: str, keys: list[str]) -> None:
+            if not raced:  # the other process inserts s-00001 between our check and our insert
+                raced.append(list(keys))
+                real(name, ["s-00001"])
+                raise RuntimeError("UNIQUE constraint failed: dynamic_partitions.partition")
+            real(name, keys)
+
+        monkeypatch.setattr(instance, "add_dynamic_partitions", racing)
+        assert register_partitions(instance, []) == ["s-00001", "s-00002"]
+        assert sorted(instance.get_dynamic_partitions("raw_batches")) == ["s-00001", "s-00002"]
