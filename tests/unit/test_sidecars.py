@@ -140,6 +140,12 @@ def test_sidecars_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]) -> 
         got = {s["image_id"]: s["caption_d"] for s in sds}
     assert sorted(got) == ids and all(v.startswith("a tag list") for v in got.values())
     assert any("_prx_sidecar0" in p.as_posix() for p in cache.rglob("*.mds"))
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("prx-mds-cache-*"))
+    lab = lance.dataset(table_uri(root, "images"), storage_options=root.storage_options())
+    assert verify_shard_set(wider, lab, sample=4).passed
+    assert set(Path(tempfile.gettempdir()).glob("prx-mds-cache-*")) == before  # the read-back cleans up
 
 
 def test_precomputed_latents_added_later_are_a_sidecar(lab, tiny_models: dict[str, str]) -> None:

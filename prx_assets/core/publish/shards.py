@@ -550,6 +550,16 @@ def verify_shard_set(manifest: ShardSetManifest, lab: lance.LanceDataset, sample
     """Read the set back with ``StreamingDataset``: count, hashes (checked by the reader when
     the set has them) and a sample of samples whose image bytes and caption columns (sidecar
     columns joined) equal the lab version's."""
+    own_cache = tempfile.mkdtemp(prefix="prx-mds-cache-") if cache is None and "://" in manifest.uri else None
+    try:
+        return _verify(manifest, lab, sample, seed, cache or own_cache)
+    finally:
+        if own_cache is not None:  # a read-back of a remote set leaves no cache behind
+            shutil.rmtree(own_cache, ignore_errors=True)
+
+
+def _verify(manifest: ShardSetManifest, lab: lance.LanceDataset, sample: int, seed: int,
+            cache: str | None) -> Verification:
     import numpy as np
 
     with open_shard_set(manifest, cache=cache, validate_hash=manifest.validate_hash) as sds:
