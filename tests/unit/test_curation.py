@@ -6,6 +6,7 @@ from pathlib import Path
 
 import lance
 import numpy as np
+import pyarrow as pa
 import pytest
 from PIL import Image
 
@@ -96,6 +97,12 @@ def test_embedding_dedup_and_optout_lists(lab, tmp_path: Path) -> None:
                embedding_column=embedding_column("e-1"))
     assert s.dropped["dedup_embedding"] == 1
     assert len({rows[0]["image_id"], rows[1]["image_id"]} & set(s.image_ids)) == 1
+    # the survivors' vectors are read batch by batch into their order; an id without one is NaN
+    from prx_assets.core.curate.selection import survivor_vectors
+
+    wanted = pa.array([rows[2]["image_id"], "no-such-image", rows[0]["image_id"]])
+    got = survivor_vectors(ds, embedding_column("e-1"), None, wanted, batch_rows=2)
+    assert np.allclose(got[0], vecs[2], atol=1e-3) and np.isnan(got[1]).all() and np.allclose(got[2], vecs[0], atol=1e-3)
 
     (tmp_path / "ids.txt").write_text(f"# opted out\n{by_name['img_0_000.jpg']['image_id']}\n")
     (tmp_path / "uris.txt").write_text(by_name["img_0_006.jpg"]["uri"] + "\n")

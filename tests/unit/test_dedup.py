@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from prx_assets.core.curate.dedup import (
-    compact_rows,
     embedding_pairs,
     first_occurrences,
     greedy_keep,
@@ -120,9 +119,6 @@ def test_in_place_embedding_dedup_matches_the_copying_one() -> None:
     vecs[[0, 10, 2_999]] = np.nan
     expected = near_duplicates_embedding(vecs.copy(), 0.98, exact_below=0)
     assert near_duplicates_embedding(vecs, 0.98, exact_below=0, overwrite=True) == expected
-    kept = np.array([2, 5, 6, 1_000])
-    rows = near_copies(1_200, 4, seed=1)
-    assert np.array_equal(compact_rows(rows.copy(), kept, chunk=3), rows[kept])
 
 
 def test_dedup_examples_hold() -> None:

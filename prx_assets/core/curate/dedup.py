@@ -141,19 +141,6 @@ def greedy_keep(n: int, later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
     return keep
 
 
-def compact_rows(matrix: np.ndarray, keep: np.ndarray, chunk: int = EMBEDDING_CHUNK) -> np.ndarray:
-    """``matrix[keep]`` for ascending ``keep``, moved to the front of ``matrix`` in place (a view of
-    its first ``len(keep)`` rows; no second copy of the matrix).
-
-    >>> compact_rows(np.arange(10).reshape(5, 2), np.array([1, 3])).tolist()
-    [[2, 3], [6, 7]]
-    """
-    for a in range(0, len(keep), chunk):
-        part = keep[a:a + chunk]
-        matrix[a:a + len(part)] = matrix[part]  # rows at or after the ones written
-    return matrix[:len(keep)]
-
-
 def _unit_rows(vectors: np.ndarray, chunk: int, overwrite: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Positions of the finite, non-zero rows and those rows scaled to unit length, float32.
 

@@ -26,7 +26,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_assets.core.curate.dedup import (
-    compact_rows,
     first_occurrences,
     near_duplicates_embedding,
     near_duplicates_phash,
@@ -166,22 +165,15 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     cols = ["image_id", "uri", "sha256", "ingest_config", "phash", "width", "height", "aspect_bucket",
             *out.caption_columns]
     threshold = recipe.dedup.embedding_threshold
-    if threshold is not None:
-        if embedding_column is None or embedding_column not in ds.schema.names:
-            raise CurationError(f"recipe {recipe.name!r} asks for embedding dedup but the lab has no "
-                                f"embedding column {embedding_column!r}; materialize image_embeddings "
-                                "and lance_table first")
-        cols.append(embedding_column)
-    t = ds.to_table(columns=cols, filter=" AND ".join(clauses) or None)
+    if threshold is not None and (embedding_column is None or embedding_column not in ds.schema.names):
+        raise CurationError(f"recipe {recipe.name!r} asks for embedding dedup but the lab has no "
+                            f"embedding column {embedding_column!r}; materialize image_embeddings "
+                            "and lance_table first")
+    where = " AND ".join(clauses) or None
+    t = ds.to_table(columns=cols, filter=where)
     area = pc.multiply(pc.cast(t.column("width"), pa.int64()), pc.cast(t.column("height"), pa.int64()))
     t = t.append_column("_area", area)
     t = t.take(pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]))
-    vecs: np.ndarray | None = None
-    if threshold is not None and embedding_column is not None:
-        # The vectors leave the table once, so the rules below do not copy them at every filter;
-        # "_pos" follows each surviving row back to its vector.
-        vecs = vector_matrix(t.column(embedding_column))
-        t = t.drop_columns([embedding_column]).append_column("_pos", pa.array(np.arange(t.num_rows)))
 
     def apply(rule: str, keep: pa.Array | np.ndarray) -> int:
         nonlocal t
@@ -213,9 +205,9 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     if recipe.dedup.phash_distance is not None:
         apply("dedup_phash", near_duplicates_phash(t.column("phash").to_numpy().astype(np.uint64),
                                                    int(recipe.dedup.phash_distance)))
-    if vecs is not None and threshold is not None:
-        apply("dedup_embedding", near_duplicates_embedding(compact_rows(vecs, t.column("_pos").to_numpy()),
-                                                           float(threshold), overwrite=True))
+    if threshold is not None and embedding_column is not None:
+        vecs = survivor_vectors(ds, embedding_column, where, t.column("image_id"))
+        apply("dedup_embedding", near_duplicates_embedding(vecs, float(threshold), overwrite=True))
         del vecs
     t = t.take(pc.sort_indices(t, sort_keys=[("image_id", "ascending")]))
     if recipe.cap is not None and t.num_rows > recipe.cap:
@@ -227,6 +219,24 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     out.content_hash = content_hash(out.caption_columns, _pairs(out.selected))
     counts = pc.value_counts(t.column("aspect_bucket")).to_pylist() if t.num_rows else []
     out.buckets = dict(sorted((c["values"], int(c["counts"])) for c in counts))
+    return out
+
+
+def survivor_vectors(ds: lance.LanceDataset, column: str, where: str | None, ids: pa.ChunkedArray | pa.Array,
+                     batch_rows: int = 32_768) -> np.ndarray:
+    """The ``column`` vectors of ``ids``, in their order, as one float32 matrix (rows of ids without
+    a vector are NaN). Read batch by batch after the cheaper rules have run, so memory holds the
+    survivors' vectors once, never the candidates' Arrow column and copies of it."""
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    dim = ds.schema.field(column).type.list_size
+    out = np.full((len(ids), dim), np.nan, dtype=np.float32)
+    for batch in ds.scanner(columns=["image_id", column], filter=where, batch_size=batch_rows).to_batches():
+        pos = pc.index_in(batch.column(0), value_set=ids)
+        keep = pc.is_valid(pos)
+        if not pc.any(keep).as_py():
+            continue
+        rows = pc.filter(pos, keep).to_numpy()
+        out[rows] = vector_matrix(pc.filter(batch.column(1), keep))
     return out
 
 
