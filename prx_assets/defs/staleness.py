@@ -95,26 +95,6 @@ def digest(*parts: object) -> str:
 RECORDS_PER_QUERY = 500
 
 
-def latest_by_partition(instance: dg.DagsterInstance, key: dg.AssetKey) -> dict[str | None, dg.AssetMaterialization]:
-    """The latest materialization of every partition of ``key`` (``None`` for unpartitioned): one
-    query for the latest storage id per partition, then those records only, so the cost follows
-    the number of partitions, not the length of the history."""
-    ids = instance.event_log_storage.get_latest_storage_id_by_partition(key, DagsterEventType.ASSET_MATERIALIZATION)
-    out: dict[str | None, dg.AssetMaterialization] = {}
-    wanted = sorted(ids.values())
-    for a in range(0, len(wanted), RECORDS_PER_QUERY):
-        part = wanted[a:a + RECORDS_PER_QUERY]
-        res = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=part),
-                                              limit=len(part))
-        for rec in res.records:
-            if rec.asset_materialization is not None:
-                out[rec.asset_materialization.partition] = rec.asset_materialization
-    latest = instance.fetch_materializations(key, limit=1).records
-    if latest and latest[0].asset_materialization is not None and latest[0].asset_materialization.partition is None:
-        out[None] = latest[0].asset_materialization
-    return out
-
-
 def latest_data_versions(instance: dg.DagsterInstance, key: dg.AssetKey) -> dict[str, str]:
     """``{partition: data version}`` of the latest materialization of every partition (one query)."""
     tags = instance.event_log_storage.get_latest_tags_by_partition(
