@@ -105,6 +105,7 @@ def test_embedding_inverted_file_finds_the_pairs_the_exact_method_finds() -> Non
     assert len(ivf) / len(exact) >= 0.99  # recall
     keep_ivf = near_duplicates_embedding(vecs, threshold, exact_below=0)
     keep_exact = near_duplicates_embedding(vecs, threshold)
+    assert near_duplicates_embedding(vecs, threshold, exact_below=0) == keep_ivf  # same input, same subset
     assert sum(a != b for a, b in zip(keep_ivf, keep_exact, strict=True)) <= 0.01 * len(vecs)
 
 
