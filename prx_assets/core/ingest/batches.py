@@ -159,6 +159,13 @@ def manifest_hashes(root: DataRoot, source: str) -> dict[str, str]:
     return {batch_key(source, q): hashes[q] for q in seqs}
 
 
+def _units_of(segment: pa.Table) -> Iterator[Unit]:
+    """The units of index-segment rows."""
+    cols = (segment.column(c).to_pylist() for c in ("key", "size", "stamp", "weight"))
+    for key, size, stamp, weight in zip(*cols, strict=True):
+        yield Unit(key=key, size=size, stamp=stamp, weight=weight)
+
+
 @dataclass
 class KnownUnits:
     """Every unit already in a batch of a source: the manifest index's Parquet segments plus the
@@ -182,12 +189,7 @@ class KnownUnits:
     def units(self) -> dict[str, Unit]:
         """Every known unit by key (materialized once, on first use: for full listings and tests)."""
         if self._all is None:
-            units: dict[str, Unit] = {}
-            for t in self.segments:
-                cols = (t.column(c).to_pylist() for c in ("key", "size", "stamp", "weight"))
-                for key, size, stamp, weight in zip(*cols, strict=True):
-                    units[key] = Unit(key=key, size=size, stamp=stamp, weight=weight)
-            self._all = units | self.extra
+            self._all = {u.key: u for t in self.segments for u in _units_of(t)} | self.extra
         return self._all
 
     def lookup(self, keys: Iterable[str]) -> dict[str, Unit]:
@@ -200,10 +202,7 @@ class KnownUnits:
         value_set = pa.array(wanted, pa.string())
         out: dict[str, Unit] = {}
         for t in self.segments:
-            hit = t.filter(pc.is_in(t.column("key"), value_set=value_set))
-            for key, size, stamp, weight in zip(*(hit.column(c).to_pylist() for c in ("key", "size", "stamp", "weight")),
-                                                strict=True):
-                out[key] = Unit(key=key, size=size, stamp=stamp, weight=weight)
+            out.update((u.key, u) for u in _units_of(t.filter(pc.is_in(t.column("key"), value_set=value_set))))
         out.update({k: self.extra[k] for k in wanted if k in self.extra})
         return out
 
