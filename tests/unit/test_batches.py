@@ -202,3 +202,27 @@ def test_a_drop_is_found_without_turning_every_known_unit_into_objects(tmp_path:
     monkeypatch.undo()
     everything = {u.key for m in load_manifests(root, "photos") for u in m.units}
     assert len(everything) == 10
+
+
+def test_an_index_from_before_hash_files_gets_them_on_the_next_discovery(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments written before `.hashes.json` existed: the next discovery fills the gap once, and
+    planning then reads hash files, not manifests."""
+    import prx_assets.core.ingest.batches as batches
+
+    root = DataRoot(str(tmp_path / "root"))
+    folder = tmp_path / "photos"
+    cfg = folder_source(folder, batch_size=2)
+    write_folder_corpus(folder / "a", n=4, seed=1, broken=False)
+    discover(cfg, reader_for(cfg), root)
+    for p in root.list("ingest/batches/photos/_index"):
+        if p.endswith(".hashes.json"):
+            Path(root.join(p)).unlink()  # as an older version left it
+    write_folder_corpus(folder / "b", n=2, seed=2, broken=False)
+    discover(cfg, reader_for(cfg), root)
+    truth = {m.key: m.content_hash() for m in load_manifests(root, "photos")}
+    parsed: list[int] = []
+    real = batches.BatchManifest.from_bytes
+    monkeypatch.setattr(batches.BatchManifest, "from_bytes",
+                        classmethod(lambda cls, data: parsed.append(1) or real(data)))
+    assert batches.manifest_hashes(root, "photos") == truth and not parsed

@@ -285,10 +285,17 @@ def write_index(root: DataRoot, source: str, known: KnownUnits, new: list[BatchM
         hashes = {str(q): v for q, v in old.items() if q <= known.covered} | hashes
     else:
         table, first = fresh, known.covered + 1
+    hash_first = first
+    if first > 1:
+        have = _contiguous(_spans(root.list(layout.batches_dir(source)), ".hashes.json"))[1]
+        if have < first - 1:  # an index written before hash files existed: fill the gap once
+            hashes = {str(q): BatchManifest.from_bytes(root.read_bytes(manifest_path(source, q))).content_hash()
+                      for q in known.seqs if have < q < first} | hashes
+            hash_first = have + 1
     buf = io.BytesIO()
     pq.write_table(table, buf)
-    # The hashes first: a segment is only used for planning when its hash file is there too.
-    root.write_bytes(_hashes_path(source, first, last), json.dumps(hashes, sort_keys=True).encode())
+    # Hash files stay contiguous from batch 1, so planning reads them instead of the manifests.
+    root.write_bytes(_hashes_path(source, hash_first, last), json.dumps(hashes, sort_keys=True).encode())
     root.write_bytes(_segment_path(source, first, last), buf.getvalue())
 
 
