@@ -155,14 +155,18 @@ def plan_cache_dir(instance: dg.DagsterInstance) -> Path:
 
 def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | None,
              keys: list[dg.AssetKey] | None = None, skipped: dict[str, str] | None = None,
-             orphans: dict[str, dict[str, str]] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
+             orphans: dict[str, dict[str, str]] | None = None,
+             held: dict[str, str] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
     """Missing or stale (asset, partition) pairs of the selection (or ``keys``), in dependency order.
 
     Partitions that nothing backs any more (see ``orphan_partitions``) are left out; when
     ``skipped`` is given it receives ``{"asset[partition]": why}`` for each. ``orphans`` (from
-    ``orphan_partitions``) spares listing them again when a run plans asset by asset.
+    ``orphan_partitions``) spares listing them again when a run plans asset by asset. Partitions
+    that read a parent partition whose blocking check failed are left out too (see
+    :mod:`prx_assets.defs.quarantine`), with ``held`` receiving why.
     """
     from prx_assets.defs.partitions import is_orphan, orphan_partitions
+    from prx_assets.defs.quarantine import held_back
     from prx_assets.defs.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
 
     order = keys if keys is not None else selected_keys(defs, select)
@@ -181,6 +185,7 @@ def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | N
             partitions = list(pdef.get_partition_keys(dynamic_partitions_store=instance))
         recorded = recorded_fingerprints(instance, key, cache_dir=plan_cache_dir(instance))
         fp_fn = fingerprint_for(key)
+        todo: list[str | None] = []
         for pk in partitions:
             why = is_orphan(orphans, pdef, pk)
             if why:
@@ -188,6 +193,13 @@ def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | N
                     skipped[f"{key.to_user_string()}[{pk}]"] = why
                 continue
             if pk not in recorded or (fp_fn is not None and recorded[pk] != fp_fn(ctx, pk)):
+                todo.append(pk)
+        blocked = held_back(defs, instance, key, todo) if todo else {}
+        for pk in todo:
+            if pk in blocked:
+                if held is not None:
+                    held[f"{key.to_user_string()}[{pk}]" if pk else key.to_user_string()] = blocked[pk]
+            else:
                 plan.append((key, pk))
     return plan
 
@@ -234,6 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from prx_assets.definitions import defs
     from prx_assets.defs.ingest import discover_batches
     from prx_assets.defs.partitions import orphan_partitions
+    from prx_assets.defs.quarantine import failures_not_holding_back
 
     instance = _instance()
     for f in check_stuck_runs(instance, repair=True):  # runs of a killed `prx-assets run` on this host
@@ -241,9 +254,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     reports = discover_batches(_root(), load_sources())
     register_partitions(instance, reports)
     skipped: dict[str, str] = {}
+    held: dict[str, str] = {}
     orphans = orphan_partitions(instance, ProjectConfigResource(), _root())
-    plan = plan_run(defs, instance, args.select, skipped=skipped, orphans=orphans)
+    plan = plan_run(defs, instance, args.select, skipped=skipped, orphans=orphans, held=held)
     _report_skipped(skipped)
+    _report_held(held)
     if not plan:
         print("everything is up to date")
         return 0
@@ -260,9 +275,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         first = [pk for k, pk in plan if k == key]
         # Once something has run, re-plan each later asset just before it runs (its upstream may
         # have changed in this run); until then the first plan holds.
-        todo = plan_run(defs, instance, None, keys=[key], orphans=orphans) if done else \
+        later_held: dict[str, str] = {}
+        todo = plan_run(defs, instance, None, keys=[key], orphans=orphans, held=later_held) if done else \
             [(key, pk) for pk in first]
+        _report_held({k: v for k, v in later_held.items() if k not in held})
+        held.update(later_held)
         total += max(0, len(todo) - len(first))
+        if todo and defs.resolve_assets_def(key).partitions_def is None:
+            for line in failures_not_holding_back(defs, instance, key):
+                print(f"  note: {key.to_user_string()} reads every batch, including {line}")
         for _, pk in todo:
             done += 1
             failed += _execute(job, instance, key, pk, level, f"[{done}/{total}]")
@@ -283,8 +304,18 @@ def _report_skipped(skipped: dict[str, str]) -> None:
         print(f"  ... and {len(skipped) - 10} more")
 
 
+def _report_held(held: dict[str, str]) -> None:
+    if not held:
+        return
+    print(f"holding back {len(held)} partitions: a partition they read failed its blocking check:")
+    for name, why in list(held.items())[:10]:
+        print(f"  {name}: {why}")
+    if len(held) > 10:
+        print(f"  ... and {len(held) - 10} more")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Find (``--repair``: fix) duplicates, orphan partitions, leaked folders and stuck runs."""
+    """Find (``--repair``: fix) duplicates, orphan partitions, leaked folders, stale leases and stuck runs."""
     from prx_assets.defs.doctor import doctor
 
     findings = doctor(_instance(), _root(), repair=args.repair, older_than_hours=args.older_than_hours)
@@ -292,7 +323,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f.line())
     left = [f for f in findings if not f.repaired]
     if not findings:
-        print("nothing to repair: no duplicate keys, orphan partitions, leaked folders or stuck runs")
+        print("nothing to repair: no duplicate keys, orphan partitions, leaked folders, stale leases or stuck runs")
     elif left:
         print(f"{len(left)} problems found; `prx-assets doctor --repair` fixes them")
     return 1 if left else 0

@@ -14,6 +14,7 @@ and an object-store prefix::
       training/<mixture>/<version>/<run>/     checkpoints (local data roots)
       slurm/                                  job scripts, logs and Pipes files (local data roots)
       optout/<request id>.json                opt-out requests (applied by every recipe)
+      leases/<name>/<generation>.json         writer leases (one holder per table partition)
 
 >>> shard_set_manifest("demo_all", "3f2a")
 'mds/demo_all/3f2a/manifest.json'
@@ -35,6 +36,7 @@ MIXTURE_DIR = "mixtures"
 TRAINING_DIR = "training"
 SLURM_DIR = "slurm"
 OPTOUT_DIR = "optout"
+LEASES_DIR = "leases"
 
 SUBSET_MANIFEST = "subset.json"
 SUBSET_IDS = "ids.parquet"
@@ -123,3 +125,8 @@ def optout_request(request_id: str) -> str:
 def training_dir(mixture: str, version: str) -> str:
     """Checkpoints of the training runs on one mixture version."""
     return f"{TRAINING_DIR}/{mixture}/{version}"
+
+
+def lease_dir(name: str) -> str:
+    """The generations of one writer lease: ``leases/<name>/``."""
+    return f"{LEASES_DIR}/{name}"

@@ -8,7 +8,9 @@
 - staging folders of shard sets that were never published, and MDS read-back caches in the
   temporary folder, older than ``older_than``: ``repair`` deletes them;
 - Dagster runs of ``prx-assets run`` left STARTED by a process that no longer exists on this
-  host: ``repair`` marks them failed.
+  host: ``repair`` marks them failed;
+- stale writer leases (see :mod:`prx_assets.core.leases`: the holder's process is gone or it
+  stopped beating): ``repair`` frees them (a later writer would take them over anyway).
 
 Key columns are read one id range at a time (memory bounded by the range, not the table).
 """
@@ -35,6 +37,7 @@ from prx_assets.core.lab.changes import id_ranges
 from prx_assets.core.lab.maintenance import lance_tables
 from prx_assets.core.lab.sql import literal
 from prx_assets.core.lab.table import open_table
+from prx_assets.core.leases import list_leases, remove_generation
 from prx_assets.defs.partitions import orphan_partitions
 from prx_assets.resources.storage import ProjectConfigResource
 
@@ -192,8 +195,21 @@ def check_stuck_runs(instance: dg.DagsterInstance, repair: bool) -> list[Finding
     return out
 
 
+def check_leases(root: DataRoot, repair: bool) -> list[Finding]:
+    """Writer leases whose holder is gone (dead process on this host, or no heartbeat within the ttl)."""
+    out = []
+    for holder in list_leases(root):
+        why = holder.stale()
+        if why is None:
+            continue
+        if repair:
+            remove_generation(root, holder.name, holder.generation)
+        out.append(Finding("stale_lease", holder.name, f"{holder.describe()}: {why}", repaired=repair))
+    return out
+
+
 def doctor(instance: dg.DagsterInstance, root: DataRoot, repair: bool = False,
            older_than_hours: float = 6.0) -> list[Finding]:
     """Every check above, in order; with ``repair`` each finding is fixed as it is found."""
-    return [*check_stuck_runs(instance, repair), *check_orphans(instance, root, repair),
+    return [*check_stuck_runs(instance, repair), *check_leases(root, repair), *check_orphans(instance, root, repair),
             *check_leaked_folders(root, older_than_hours, repair), *check_duplicates(root, repair)]

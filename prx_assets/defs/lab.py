@@ -24,6 +24,10 @@ from prx_assets.defs.staleness import (
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 LAB_CODE_VERSION = "lab-1"
+#: Dagster concurrency pool of the lab's writers (lab sync, maintenance). The instance's
+#: ``concurrency.pools`` (dagster.yaml: ``default_limit: 1``, ``granularity: run``) queues
+#: UI-launched runs that use it one at a time; the lab lease covers every other writer.
+LAB_POOL = "prx_lab"
 
 
 #: The assets the lab reads; its inputs change when one of their partitions gets a new data version.
@@ -74,6 +78,7 @@ class LabConfig(dg.Config):
     code_version=LAB_CODE_VERSION,
     owners=["team:data"],
     tags={"stage": "lab"},
+    pool=LAB_POOL,
 )
 def lance_table(context: dg.AssetExecutionContext, config: LabConfig, storage: StorageResource,
                 project: ProjectConfigResource) -> dg.MaterializeResult:
@@ -132,7 +137,7 @@ class MaintenanceConfig(dg.Config):
     target_rows_per_fragment: int = Field(default=1024 * 1024, description="Compaction target.")
 
 
-@dg.op
+@dg.op(pool=LAB_POOL)
 def compact_and_clean(context: dg.OpExecutionContext, config: MaintenanceConfig,
                       storage: StorageResource) -> list[dict]:
     """Compact small fragments, optimize indexes and clean up old untagged versions of every table."""

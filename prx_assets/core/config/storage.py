@@ -195,6 +195,15 @@ class DataRoot:
             tmp.unlink(missing_ok=True)
         return True
 
+    def delete(self, rel: str) -> None:
+        """Remove a file under the root (nothing happens when it is absent)."""
+        target = self.join(rel)
+        if self.remote:
+            bucket, key = split_s3(target)
+            self._s3().delete_object(Bucket=bucket, Key=key)
+            return
+        Path(target).unlink(missing_ok=True)
+
     def list(self, rel: str) -> list[str]:
         """Sorted relative paths of the files below ``rel`` (recursive)."""
         return sorted(self._iter(rel))

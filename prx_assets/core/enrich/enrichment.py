@@ -23,6 +23,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.schema import IMAGES_TABLE
 from prx_assets.core.lab.sql import chunks, where_all, where_eq, where_in
 from prx_assets.core.lab.table import open_or_create, open_table, table_uri
+from prx_assets.core.leases import Lease, lease_name
 
 Compute = Callable[[Sequence[Image.Image]], list[dict[str, Any]]]
 
@@ -42,11 +43,12 @@ class EnrichResult:
     changed: bool = False
     seconds: float = 0.0
     compute_seconds: float = 0.0
+    lease_wait_seconds: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly summary."""
         return {k: getattr(self, k) for k in ("batch", "key", "images", "missing", "computed",
-                                               "reused", "written", "version", "seconds")}
+                                               "reused", "written", "version", "seconds", "lease_wait_seconds")}
 
 
 def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schema, key_col: str,
@@ -65,6 +67,19 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
         Called once, only if something must be computed; returns a function mapping a
         list of RGB images to one dict of payload columns per image.
     """
+    # One writer per (table, key, batch): a second run waits, then finds nothing missing. Without
+    # it, two merges of the same new keys can both insert them (Lance checks no key uniqueness).
+    with Lease(root, lease_name(out_name, key, batch)) as lease:
+        result = _enrich_batch(root, batch, out_name, out_schema, key_col, key, payload_cols, compute_factory,
+                               chunk, commit_every, progress, lease)
+    result.lease_wait_seconds = round(lease.waited, 3)
+    return result
+
+
+def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schema, key_col: str,
+                  key: str, payload_cols: Sequence[str], compute_factory: Callable[[], Compute],
+                  chunk: int, commit_every: int, progress: Callable[[int, int], None] | None,
+                  lease: Lease) -> EnrichResult:
     started = time.perf_counter()
     result = EnrichResult(batch=batch, key=key)
     opts = root.storage_options()
@@ -112,6 +127,7 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
         if not pending:
             return
         table = pa.Table.from_pylist(pending, schema=out_schema)
+        lease.check()
         (out_ds.merge_insert([key_col, "image_id"]).when_matched_update_all()
          .when_not_matched_insert_all().execute(table))
         result.written += len(pending)

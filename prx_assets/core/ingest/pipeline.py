@@ -32,6 +32,7 @@ from prx_assets.core.lab.schema import (
     image_id,
 )
 from prx_assets.core.lab.table import replace_partition, table_uri
+from prx_assets.core.leases import Lease, lease_name
 from prx_assets.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class IngestResult:
     reject_examples: list[dict[str, str]] = field(default_factory=list)
     decoder_warnings: int = 0
     warning_examples: list[dict[str, str]] = field(default_factory=list)
+    #: Seconds spent waiting for another writer of this batch to finish (its lease).
+    lease_wait_seconds: float = 0.0
 
     @property
     def rejected(self) -> int:
@@ -77,7 +80,7 @@ class IngestResult:
             "rejected": self.rejected, "rejects": dict(self.rejects), "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out, "images_version": self.images_version,
             "inserted": self.inserted, "updated": self.updated, "deleted": self.deleted,
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "lease_wait_seconds": self.lease_wait_seconds,
         }
 
 
@@ -233,14 +236,19 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
             yield pa.RecordBatch.from_pylist(rows, schema=IMAGES_SCHEMA)
 
     opts = root.storage_options()
-    with routed():
-        written = replace_partition(result.images_uri, IMAGES_SCHEMA, "batch", batch, batches(),
-                                    storage_options=opts, unchanged_if=UNCHANGED_ROW,
-                                    compare=UNCHANGED_COLUMNS)
-    rej_written = replace_partition(
-        result.rejects_uri, REJECTS_SCHEMA, "batch", batch,
-        [pa.RecordBatch.from_pylist(rejects, schema=REJECTS_SCHEMA)] if rejects else [],
-        storage_options=opts)
+    # One writer per batch at a time (two runs, or the CLI beside a UI backfill): the second waits,
+    # then finds the partition equal and commits nothing.
+    with Lease(root, lease_name("raw_images", batch)) as lease:
+        with routed():
+            written = replace_partition(result.images_uri, IMAGES_SCHEMA, "batch", batch,
+                                        _checked(batches(), lease), storage_options=opts,
+                                        unchanged_if=UNCHANGED_ROW, compare=UNCHANGED_COLUMNS)
+        lease.check()
+        rej_written = replace_partition(
+            result.rejects_uri, REJECTS_SCHEMA, "batch", batch,
+            [pa.RecordBatch.from_pylist(rejects, schema=REJECTS_SCHEMA)] if rejects else [],
+            storage_options=opts)
+    result.lease_wait_seconds = round(lease.waited, 3)
     result.images_version = written.version
     result.rejects_version = rej_written.version
     result.inserted, result.updated, result.deleted = written.inserted, written.updated, written.deleted
@@ -251,3 +259,9 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
                               for r in rejects[:20]]
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _checked(batches: Iterator[pa.RecordBatch], lease: Lease) -> Iterator[pa.RecordBatch]:
+    """``batches``, then a check that ``lease`` is still held (before the commit they feed)."""
+    yield from batches
+    lease.check()

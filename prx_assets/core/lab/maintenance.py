@@ -13,6 +13,7 @@ from typing import Any
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.table import open_table
+from prx_assets.core.leases import LAB_LEASE, Lease
 
 
 @dataclass
@@ -113,10 +114,12 @@ def maintain_table(root: DataRoot, name: str, target_rows_per_fragment: int = 10
 
 def maintain(root: DataRoot, target_rows_per_fragment: int = 1024 * 1024,
              older_than: timedelta = timedelta(days=7)) -> list[MaintenanceReport]:
-    """Maintain every Lance table under the data root."""
+    """Maintain every Lance table under the data root (holding the lab lease: a compaction and a lab
+    sync rewriting the same fragments would make one of them retry its whole commit)."""
     out = []
-    for name in lance_tables(root):
-        rep = maintain_table(root, name, target_rows_per_fragment, older_than)
-        if rep is not None:
-            out.append(rep)
+    with Lease(root, LAB_LEASE):
+        for name in lance_tables(root):
+            rep = maintain_table(root, name, target_rows_per_fragment, older_than)
+            if rep is not None:
+                out.append(rep)
     return out

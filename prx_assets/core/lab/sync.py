@@ -44,6 +44,7 @@ from prx_assets.core.lab.changes import (
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
 from prx_assets.core.lab.sql import where_eq
 from prx_assets.core.lab.table import dataset_size, open_table, table_uri
+from prx_assets.core.leases import LAB_LEASE, Lease
 
 #: A full comparison writes the differences it has gathered once they hold this many bytes.
 FULL_WRITE_BYTES = 256 * 1024 * 1024
@@ -221,6 +222,12 @@ def sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None = None,
     embedder_ids:
         Embedders whose vectors become columns.
     """
+    with Lease(root, LAB_LEASE):  # one sync at a time: two would compare and rewrite the same rows
+        return _sync_lab(root, captioner_ids, embedder_ids, vector_index_min_rows, publish)
+
+
+def _sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None, embedder_ids: Sequence[str],
+              vector_index_min_rows: int, publish: bool) -> LabSync:
     opts = root.storage_options()
     images = open_table(table_uri(root, IMAGES_TABLE), opts)
     out = LabSync()
