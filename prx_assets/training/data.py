@@ -50,7 +50,8 @@ def caption_choice(image_id: str, weights: dict[str, float], seed: int) -> str:
 
 
 def decode_to_bucket(jpeg: bytes, size: tuple[int, int]) -> np.ndarray:
-    """JPEG bytes -> float32 CHW in [-1, 1] at ``size`` (resize to cover, centre crop)."""
+    """Stored image bytes (JPEG, or PNG/WebP when stored losslessly) -> float32 CHW in [-1, 1] at
+    ``size`` (resize to cover, centre crop)."""
     with Image.open(io.BytesIO(jpeg)) as im:
         im.draft("RGB", (size[0] * 2, size[1] * 2))  # DCT-domain downscale for large images
         im = im.convert("RGB")

@@ -23,10 +23,12 @@ def _materialize(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str
                                                          timestamp=rec.timestamp)
 
 
-def _check(instance: dg.DagsterInstance, key: dg.AssetKey, name: str, partition: str, passed: bool) -> None:
+def _check(instance: dg.DagsterInstance, key: dg.AssetKey, name: str, partition: str, passed: bool,
+           severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> None:
     target = _materialize(instance, key, partition)
     instance.report_runless_asset_event(dg.AssetCheckEvaluation(
-        asset_key=key, check_name=name, passed=passed, partition=partition, target_materialization_data=target))
+        asset_key=key, check_name=name, passed=passed, partition=partition, target_materialization_data=target,
+        severity=severity, description=None if passed else "mean PSNR 30 dB"))
 
 
 def test_failed_blocking_check_holds_back_its_downstream_partitions(tmp_path: Path) -> None:
@@ -34,15 +36,18 @@ def test_failed_blocking_check_holds_back_its_downstream_partitions(tmp_path: Pa
     with dg.DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
         _check(instance, RAW, "jpeg_q92_cycles", "s-00001", passed=False)
         _check(instance, RAW, "jpeg_q92_cycles", "s-00002", passed=True)
+        # a warning (WARN severity) does not block, as in a Dagster run
+        _check(instance, RAW, "jpeg_q92_cycles", "s-00003", passed=False, severity=dg.AssetCheckSeverity.WARN)
+        assert held_back(defs, instance, dg.AssetKey("image_embeddings"), ["s-00003"]) == {}
         held = held_back(defs, instance, dg.AssetKey("recaptions"), ["s-00001|c-1", "s-00002|c-1"])
         assert list(held) == ["s-00001|c-1"]
-        assert "raw_images[s-00001] failed its blocking check jpeg_q92_cycles" in held["s-00001|c-1"]
+        assert "raw_images[s-00001] failed its blocking check jpeg_q92_cycles: mean PSNR 30 dB" in held["s-00001|c-1"]
         assert list(held_back(defs, instance, dg.AssetKey("image_embeddings"), ["s-00001", "s-00002"])) == \
             ["s-00001"]
         # the lab reads every batch: one bad batch does not stop it, it is reported instead
         assert held_back(defs, instance, dg.AssetKey("lance_table"), [None]) == {}
         assert failures_not_holding_back(defs, instance, dg.AssetKey("lance_table")) == \
-            ["raw_images[s-00001] failed its blocking check jpeg_q92_cycles"]
+            ["raw_images[s-00001] failed its blocking check jpeg_q92_cycles: mean PSNR 30 dB"]
 
         _materialize(instance, RAW, "s-00001")  # re-materialized: the old failure is not the latest state
         assert held_back(defs, instance, dg.AssetKey("image_embeddings"), ["s-00001"]) == {}

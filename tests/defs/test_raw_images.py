@@ -122,15 +122,38 @@ def test_new_batch_does_not_reprocess_old_ones(folder_source: dict) -> None:
 
 def test_q92_check_fails_when_quality_is_absurdly_low(folder_source: dict) -> None:
     cfg: Path = folder_source["config"]
-    cfg.write_text(cfg.read_text().replace("batch_size: 4", "batch_size: 4\n    ingest: {jpeg_quality: 3}"))
+    cfg.write_text(cfg.read_text().replace(
+        "batch_size: 4", "batch_size: 4\n    ingest: {jpeg_quality: 3, lossless_fallback: 'off'}"))
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("raw_batches", ["photos-00001"])
         run_sensor(instance, folder_source["resources"])
         res = materialize(instance, folder_source["resources"], "photos-00001", raise_on_error=False)
         (check,) = res.get_asset_check_evaluations()
-        assert not check.passed
+        assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
         assert "quality 3" in (check.description or "")
         assert not res.success  # the check is blocking
+
+
+def test_content_aware_storage_keeps_the_bound_without_blocking(folder_source: dict) -> None:
+    """With lossless fallback on (the default), an image whose JPEG would lose more than the bound
+    is stored losslessly: at quality 3 that is every image, so the check warns instead of blocking."""
+    cfg: Path = folder_source["config"]
+    cfg.write_text(cfg.read_text().replace("batch_size: 4", "batch_size: 4\n    ingest: {jpeg_quality: 3}"))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("raw_batches", ["photos-00001"])
+        run_sensor(instance, folder_source["resources"])
+        res = materialize(instance, folder_source["resources"], "photos-00001", raise_on_error=False)
+        assert res.success
+        (check,) = res.get_asset_check_evaluations()
+        assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+        assert check.metadata["lossless_share"].value == 1.0 and "stored losslessly" in check.description
+        md = res.asset_materializations_for_node("raw_images")[0].metadata
+        assert md["lossless_share"].value == 1.0 and md["stored_formats"].value == {"png": 4}
+        assert md["lossless_reasons"].value == {"psnr": 4} and md["q92_psnr_db"].value["p95"] < 37
+        t = lance.dataset(str(folder_source["root"] / "lance" / "images.lance")).to_table(
+            columns=["jpeg", "stored_format"])
+        assert set(t.column("stored_format").to_pylist()) == {"png"}
+        assert all(b.startswith(b"\x89PNG") for b in t.column("jpeg").to_pylist())
 
 
 def test_bad_partition_key_fails_with_a_fix(folder_source: dict) -> None:
@@ -183,3 +206,61 @@ sources:
         assert md["lance_uri"].value == f"s3://{bucket}/lab/lance/images.lance"
         (check,) = res.get_asset_check_evaluations()
         assert check.passed
+
+
+def test_mixed_photos_and_synthetic_content_ingest_without_a_failed_partition(tmp_path: Path,
+                                                                               data_root: Path) -> None:
+    """Line art, text renders, palettes and 1-bit scans beside photos: no partition fails for its
+    content; the fallback share and the PSNR distribution are in the metadata."""
+    import numpy as np
+
+    from prx_assets.core.demo.synthetic import mixed_corpus
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for name, data in mixed_corpus(np.random.default_rng(2), photos=6, per_kind=2).items():
+        (folder / name).write_bytes(data)
+    cfg = write_sources_yaml(tmp_path / "config", f"""
+sources:
+  - name: mixed
+    kind: folder
+    path: {folder}
+    batch_size: 7
+    ingest: {{fallback_warn_share: 0.9}}
+""")
+    resources = {"storage": StorageResource(data_root=str(data_root)),
+                 "project": ProjectConfigResource(config_dir=str(cfg.parent)),
+                 "s3": defs.resources["s3"], "slurm": defs.resources["slurm"]}
+    with dg.instance_for_test() as instance:
+        for req in run_sensor(instance, resources).dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        shares = []
+        for key in ("mixed-00001", "mixed-00002"):
+            res = materialize(instance, resources, key)
+            assert res.success
+            (check,) = res.get_asset_check_evaluations()
+            # never an ERROR for content; a warning names generational loss of the noisy photos
+            assert check.passed or (check.severity == dg.AssetCheckSeverity.WARN
+                                    and "generational loss" in check.description), check.description
+            assert {"lossless_share", "first_generation_psnr_p05_db", "below_bound_share"} <= set(check.metadata)
+            md = res.asset_materializations_for_node("raw_images")[0].metadata
+            shares.append(md["lossless_share"].value)
+            assert check.metadata["lossless_share"].value == md["lossless_share"].value
+            assert set(md["q92_psnr_db"].value) == {"min", "p05", "p50", "p95"}
+        assert sum(shares) > 0
+
+
+def test_q92_verdict_blocks_only_a_first_generation_below_the_bound() -> None:
+    from prx_assets.core.ingest.jpeg_quality import CycleCurve, QualityReport
+    from prx_assets.defs.ingest import q92_verdict
+
+    def report(*curve: float) -> QualityReport:
+        rep = QualityReport(quality=92, cycles=len(curve), min_psnr_db=37.0)
+        rep.curves.append(CycleCurve("x", 8, 8, tuple(curve), 1, 1))
+        return rep
+
+    assert q92_verdict(report(40, 39, 38), True) == ([], [])
+    errors, warnings = q92_verdict(report(40, 38, 36.5), True)
+    assert errors == [] and "generational loss: mean PSNR 36.50 dB after cycle 3" in warnings[0]
+    assert q92_verdict(report(36, 35), True)[0] and not q92_verdict(report(36, 35), True)[1]
+    assert q92_verdict(report(40, 38, 36.5), False) == (report(40, 38, 36.5).failures, [])  # off: as before

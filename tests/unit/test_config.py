@@ -58,6 +58,12 @@ sources:
     ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {jpeg_quality: 0}}\n",
      r"jpeg_quality=0 is outside 1..100"),
     ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {qualty: 9}}\n", r"unknown ingest setting 'qualty'"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {lossless_fallback: gif}}\n",
+     r"source 'x': lossless_fallback='gif' is not supported \(fix: use one of: png, webp, off\)"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {fallback_warn_share: 2}}\n",
+     r"fallback_warn_share=2.0 within 0..1"),
+    ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {lossless_fallback: true}}\n",
+     r"lossless_fallback=True: expected a str, got bool \(fix: write lossless_fallback:"),
     ("sources:\n  - {name: x, kind: folder, path: '${NOPE_NOT_SET}/x'}\n",
      r"environment variable NOPE_NOT_SET is not set"),
     ("ingest: {aspect_buckets: ['16x9']}\nsources: []\n", r"aspect bucket '16x9' is not of the form"),
@@ -98,3 +104,11 @@ def test_unknown_source_lookup_lists_known(tmp_path: Path) -> None:
 def test_shipped_demo_config_is_valid() -> None:
     cfg = load_sources(Path(__file__).parents[2] / "config" / "sources.yaml")
     assert {s.kind for s in cfg.sources} == {"folder", "parquet", "webdataset"}
+
+
+def test_a_bare_off_turns_lossless_fallback_off(tmp_path: Path) -> None:
+    from prx_assets.core.config.project import load_sources
+
+    p = tmp_path / "sources.yaml"
+    p.write_text("sources:\n  - {name: x, kind: folder, path: /x, ingest: {lossless_fallback: off}}\n")
+    assert load_sources(p).get("x").ingest.lossless_fallback == "off"

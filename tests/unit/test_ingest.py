@@ -68,7 +68,7 @@ def test_changed_settings_update_rows_in_place(tmp_path: Path) -> None:
     m = load_manifest(root, "photos-00001")
     first = ingest_batch(m, reader_for(cfg), root, cfg.ingest)
     sizes = {r["image_id"]: r["jpeg_bytes"] for r in lance.dataset(first.images_uri).to_table().to_pylist()}
-    stricter = IngestSettings(jpeg_quality=60, min_side=180, workers=1)
+    stricter = IngestSettings(jpeg_quality=60, min_side=180, workers=1, lossless_fallback="off")
     res = ingest_batch(m, reader_for(cfg), root, stricter)
     rows = lance.dataset(res.images_uri).to_table().to_pylist()
     # min_side=180 now rejects the two smallest images; the rest are re-encoded smaller.

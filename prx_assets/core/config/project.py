@@ -74,6 +74,10 @@ def config_dir() -> Path:
     return Path(os.environ.get("PRX_CONFIG_DIR") or DEFAULT_CONFIG_DIR).expanduser().resolve()
 
 
+#: Values of ``lossless_fallback``: the lossless formats, or ``off``.
+LOSSLESS_FORMATS = ("png", "webp", "off")
+
+
 @dataclass(frozen=True)
 class IngestSettings:
     """How every image is validated and normalized.
@@ -102,6 +106,18 @@ class IngestSettings:
     workers:
         Threads that decode/encode in parallel within one partition (Pillow releases
         the GIL); ``0`` means one per CPU.
+    lossless_fallback:
+        Content-aware storage: ``png`` (default) or ``webp`` stores losslessly, in that format,
+        each image whose first-generation JPEG loses more than ``q92_min_psnr_db`` (dense line
+        art, text, dithered palettes) and each synthetic image of at most
+        ``lossless_max_colors`` colors whose lossless bytes are at most twice the JPEG's;
+        ``off`` stores every image as JPEG (and leaves stored bytes and fingerprints exactly as
+        before this setting existed).
+    lossless_max_colors:
+        Images with at most this many distinct colors count as synthetic (0 turns that rule off).
+    fallback_warn_share:
+        The q92 check warns (without blocking) when more than this share of a partition is
+        stored losslessly.
     """
 
     jpeg_quality: int = 92
@@ -115,11 +131,17 @@ class IngestSettings:
     q92_sample: int = 6
     q92_min_psnr_db: float = 37.0
     workers: int = 0
+    lossless_fallback: str = "png"
+    lossless_max_colors: int = 256
+    fallback_warn_share: float = 0.25
 
     def normalization_fingerprint(self) -> str:
-        """Hash of the settings that change stored bytes (not check/worker settings)."""
-        keys = ("jpeg_quality", "jpeg_subsampling", "max_side", "min_side", "max_aspect",
-                "max_pixels", "aspect_buckets")
+        """Hash of the settings that change stored bytes (not check/worker settings). With
+        ``lossless_fallback: off`` it is the fingerprint of before content-aware storage."""
+        keys = ["jpeg_quality", "jpeg_subsampling", "max_side", "min_side", "max_aspect",
+                "max_pixels", "aspect_buckets"]
+        if self.lossless_fallback != "off":  # the bound then decides which images are stored how
+            keys += ["lossless_fallback", "lossless_max_colors", "q92_min_psnr_db"]
         payload = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -212,6 +234,8 @@ def _parse_ingest(raw: Any, base: IngestSettings, where: str, path: str) -> Inge
             value = tuple(str(v) for v in value)
             for bucket in value:
                 _parse_ratio(bucket, path, where)
+        elif key == "lossless_fallback" and value is False:
+            value = "off"  # YAML reads a bare `off` as false
         else:
             value = _typed(key, value, _INGEST_TYPES[key], path, where)
         values[key] = value
@@ -265,6 +289,12 @@ def _validate_ingest(s: IngestSettings, path: str, where: str) -> None:
                   "fix the ingest limits")
     if s.q92_cycles < 1 or s.q92_sample < 1:
         raise bad("q92_cycles and q92_sample must be >= 1", "use e.g. 10 cycles, 6 images")
+    if s.lossless_fallback not in LOSSLESS_FORMATS:
+        raise bad(f"lossless_fallback={s.lossless_fallback!r} is not supported",
+                  f"use one of: {', '.join(LOSSLESS_FORMATS)}")
+    if s.lossless_max_colors < 0 or not (0.0 <= s.fallback_warn_share <= 1.0):
+        raise bad(f"lossless_max_colors={s.lossless_max_colors!r} must be >= 0 and fallback_warn_share="
+                  f"{s.fallback_warn_share!r} within 0..1", "use e.g. 256 and 0.25")
 
 
 def _resolve_location(raw: str, kind: str, config_path: Path, where: str) -> str:

@@ -10,7 +10,9 @@ The steps, in order, for every file:
 5. convert any mode to RGB: ICC profiles to sRGB, 16-bit and float to 8-bit,
    transparency composited on white;
 6. optional downscale so the longer side is at most ``max_side``;
-7. encode JPEG at the configured quality (92 by default);
+7. encode JPEG at the configured quality (92 by default), measure its first-generation PSNR
+   and, with ``lossless_fallback`` on, store losslessly (PNG or WebP) instead when the JPEG
+   loses more than the bound or the image is synthetic (see :func:`store`);
 8. compute a 64-bit DCT perceptual hash and the aspect-ratio bucket.
 
 Any failure raises :class:`ImageRejected` with a :class:`RejectReason`; the caller
@@ -29,7 +31,7 @@ from enum import Enum
 from functools import lru_cache
 
 import numpy as np
-from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageChops, ImageCms, ImageOps, UnidentifiedImageError
 
 from prx_assets.core.config.project import IngestSettings, bucket_ratios
 from prx_assets.errors import PrxError
@@ -65,7 +67,8 @@ class ImageRejected(PrxError):
 
 @dataclass(frozen=True)
 class NormalizedImage:
-    """The result of normalizing one image."""
+    """The result of normalizing one image. ``jpeg`` holds the stored bytes: JPEG, or PNG/WebP
+    when ``stored_format`` says the image was stored losslessly (``lossless_reason`` says why)."""
 
     jpeg: bytes
     width: int
@@ -80,6 +83,9 @@ class NormalizedImage:
     aspect_ratio: float
     aspect_bucket: str
     rgb: Image.Image | None = None
+    stored_format: str = "jpeg"
+    q92_psnr_db: float | None = None
+    lossless_reason: str | None = None
 
 
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -252,6 +258,82 @@ def encode_jpeg(rgb: Image.Image, quality: int, subsampling: str = "4:2:0") -> b
     return buf.getvalue()
 
 
+#: A synthetic image (few colors, PSNR above the bound) is stored losslessly only while its lossless
+#: bytes are at most this many times its JPEG bytes; an image below the PSNR bound always is.
+LOSSLESS_MAX_GROWTH = 2.0
+#: PSNR reported for an encode that reproduces every pixel (MSE 0).
+EXACT_PSNR_DB = 99.0
+
+
+def psnr_db(a: Image.Image, b: Image.Image) -> float:
+    """PSNR (dB, 8-bit) between two RGB images of one size, from the histogram of their absolute
+    difference (no float copies of the pixels).
+
+    >>> round(psnr_db(Image.new("RGB", (4, 4), (10, 10, 10)), Image.new("RGB", (4, 4), (12, 10, 10))), 2)
+    46.88
+    """
+    hist = np.asarray(ImageChops.difference(a, b).histogram(), dtype=np.float64).reshape(-1, 256)
+    mse = float((hist * np.arange(256, dtype=np.float64) ** 2).sum()) / max(1, a.size[0] * a.size[1] * len(hist))
+    return EXACT_PSNR_DB if mse == 0 else min(EXACT_PSNR_DB, 10.0 * math.log10(255.0 ** 2 / mse))
+
+
+def jpeg_psnr(rgb: Image.Image, jpeg: bytes) -> float:
+    """First-generation PSNR (dB) of ``jpeg`` against the RGB pixels it encodes."""
+    with Image.open(io.BytesIO(jpeg)) as im:
+        decoded = im.convert("RGB")
+    return psnr_db(rgb, decoded)
+
+
+def encode_lossless(rgb: Image.Image, fmt: str) -> bytes:
+    """Encode losslessly as ``png`` or ``webp`` (no metadata)."""
+    buf = io.BytesIO()
+    if fmt == "webp":
+        rgb.save(buf, "WEBP", lossless=True)
+    else:
+        rgb.save(buf, "PNG")
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The bytes an image is stored as, their format, its JPEG's first-generation PSNR and why
+    it is stored losslessly (``None`` when stored as JPEG)."""
+
+    data: bytes
+    fmt: str
+    psnr_db: float | None
+    lossless_reason: str | None
+
+
+def store(rgb: Image.Image, settings: IngestSettings) -> Stored:
+    """Content-aware storage: the JPEG at the configured quality, unless ``lossless_fallback`` is on
+    and the JPEG's first-generation PSNR is below ``q92_min_psnr_db`` (``psnr``: the quality bound
+    would not hold) or the image has at most ``lossless_max_colors`` colors and its lossless bytes
+    are at most ``LOSSLESS_MAX_GROWTH`` times the JPEG's (``few_colors``: line art, text renders,
+    palettes, where JPEG rings around every edge).
+
+    >>> s = store(Image.new("RGB", (64, 64), (200, 30, 30)), IngestSettings())
+    >>> (s.fmt, s.lossless_reason)
+    ('png', 'few_colors')
+    >>> store(Image.new("RGB", (64, 64)), IngestSettings(lossless_fallback="off")).fmt
+    'jpeg'
+    """
+    jpeg = encode_jpeg(rgb, settings.jpeg_quality, settings.jpeg_subsampling)
+    if settings.lossless_fallback == "off":
+        return Stored(jpeg, "jpeg", None, None)
+    psnr = jpeg_psnr(rgb, jpeg)
+    reason = None
+    if psnr < settings.q92_min_psnr_db:
+        reason = "psnr"
+    elif settings.lossless_max_colors and rgb.getcolors(settings.lossless_max_colors) is not None:
+        reason = "few_colors"
+    if reason is not None:
+        lossless = encode_lossless(rgb, settings.lossless_fallback)
+        if reason == "psnr" or len(lossless) <= LOSSLESS_MAX_GROWTH * len(jpeg):
+            return Stored(lossless, settings.lossless_fallback, round(psnr, 3), reason)
+    return Stored(jpeg, "jpeg", round(psnr, 3), None)
+
+
 @lru_cache(maxsize=1)
 def _dct_matrix(n: int = 32) -> np.ndarray:
     k = np.arange(n)[:, None]
@@ -358,10 +440,13 @@ def normalize(data: bytes, settings: IngestSettings, keep_rgb: bool = False) -> 
     """
     prep = prepare_rgb(data, settings)
     rgb = prep.rgb
-    jpeg = encode_jpeg(rgb, settings.jpeg_quality, settings.jpeg_subsampling)
+    stored = store(rgb, settings)
     w, h = rgb.size
     return NormalizedImage(
-        jpeg=jpeg,
+        jpeg=stored.data,
+        stored_format=stored.fmt,
+        q92_psnr_db=stored.psnr_db,
+        lossless_reason=stored.lossless_reason,
         width=w,
         height=h,
         orig_width=prep.orig_size[0],

@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from prx_assets.core.config.project import IngestSettings
@@ -67,6 +68,23 @@ class IngestResult:
     warning_examples: list[dict[str, str]] = field(default_factory=list)
     #: Seconds spent waiting for another writer of this batch to finish (its lease).
     lease_wait_seconds: float = 0.0
+    #: Stored images per format (``jpeg``, ``png``, ``webp``) and lossless ones per reason.
+    stored_formats: dict[str, int] = field(default_factory=dict)
+    lossless_reasons: dict[str, int] = field(default_factory=dict)
+    #: First-generation PSNR of each stored image's JPEG (empty with ``lossless_fallback: off``).
+    psnr_db: list[float] = field(default_factory=list)
+
+    @property
+    def lossless_share(self) -> float:
+        """Share of the batch's images stored losslessly."""
+        return sum(self.lossless_reasons.values()) / self.rows if self.rows else 0.0
+
+    def psnr_quantiles(self) -> dict[str, float]:
+        """Min, 5th percentile, median and 95th percentile of the first-generation PSNR (dB)."""
+        if not self.psnr_db:
+            return {}
+        q = np.quantile(np.asarray(self.psnr_db), [0.0, 0.05, 0.5, 0.95])
+        return {k: round(float(v), 2) for k, v in zip(("min", "p05", "p50", "p95"), q, strict=True)}
 
     @property
     def rejected(self) -> int:
@@ -81,6 +99,8 @@ class IngestResult:
             "bytes_out": self.bytes_out, "images_version": self.images_version,
             "inserted": self.inserted, "updated": self.updated, "deleted": self.deleted,
             "seconds": round(self.seconds, 3), "lease_wait_seconds": self.lease_wait_seconds,
+            "stored_formats": dict(self.stored_formats), "lossless_reasons": dict(self.lossless_reasons),
+            "lossless_share": round(self.lossless_share, 4), "q92_psnr_db": self.psnr_quantiles(),
         }
 
 
@@ -89,6 +109,8 @@ Outcome = tuple[dict[str, Any] | None, dict[str, Any] | None]
 
 #: Row key carrying a file's decoder warnings from the worker to the writer (not stored as a column).
 WARNINGS_KEY = "_decoder_warnings"
+#: Row key carrying why an image is stored losslessly (counted per batch, not stored as a column).
+LOSSLESS_KEY = "_lossless_reason"
 
 
 def process_item(item: SourceItem, source: str, batch: str, settings: IngestSettings,
@@ -137,7 +159,8 @@ def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSet
         "phash": n.phash, "aspect_ratio": n.aspect_ratio, "aspect_bucket": n.aspect_bucket,
         "original_caption": item.caption, "license": item.license,
         "extra": json.dumps(item.extra, sort_keys=True, default=str) if item.extra else None,
-        "ingest_config": fingerprint,
+        "ingest_config": fingerprint, "stored_format": n.stored_format, "q92_psnr_db": n.q92_psnr_db,
+        LOSSLESS_KEY: n.lossless_reason,
     }, None
 
 
@@ -211,6 +234,7 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
         outcomes = ordered_map(fn, iter_items(manifest, reader), settings.effective_workers())
         for done, (row, rej) in enumerate(outcomes, 1):
             warns = (row or rej or {}).pop(WARNINGS_KEY, None)
+            lossless = row.pop(LOSSLESS_KEY, None) if row is not None else None
             if warns:
                 result.decoder_warnings += len(warns)
                 if len(result.warning_examples) < 20:
@@ -227,6 +251,11 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
                 result.bytes_out += row["jpeg_bytes"]
                 buckets[row["aspect_bucket"]] += 1
                 formats[row["orig_format"]] += 1
+                result.stored_formats[row["stored_format"]] = result.stored_formats.get(row["stored_format"], 0) + 1
+                if lossless:
+                    result.lossless_reasons[lossless] = result.lossless_reasons.get(lossless, 0) + 1
+                if row["q92_psnr_db"] is not None:
+                    result.psnr_db.append(row["q92_psnr_db"])
             if len(rows) >= rows_per_write:
                 yield pa.RecordBatch.from_pylist(rows, schema=IMAGES_SCHEMA)
                 rows = []

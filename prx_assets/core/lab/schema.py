@@ -21,7 +21,8 @@ IMAGES_SCHEMA = pa.schema([
     pa.field("source", pa.string(), nullable=False),
     pa.field("batch", pa.string(), nullable=False, metadata={"doc": "ingest partition key"}),
     pa.field("uri", pa.string(), nullable=False, metadata={"doc": "where the original lives"}),
-    pa.field("jpeg", pa.large_binary(), nullable=False, metadata={"doc": "normalized JPEG bytes"}),
+    pa.field("jpeg", pa.large_binary(), nullable=False,
+             metadata={"doc": "the stored image bytes: JPEG q92, or lossless (see stored_format)"}),
     pa.field("jpeg_bytes", pa.int64(), nullable=False),
     pa.field("width", pa.int32(), nullable=False),
     pa.field("height", pa.int32(), nullable=False),
@@ -39,6 +40,11 @@ IMAGES_SCHEMA = pa.schema([
     pa.field("extra", pa.string(), metadata={"doc": "JSON object of carried source fields"}),
     pa.field("ingest_config", pa.string(), nullable=False,
              metadata={"doc": "fingerprint of the normalization settings"}),
+    # Added with content-aware storage (null on rows written before it: those hold JPEG).
+    pa.field("stored_format", pa.string(),
+             metadata={"doc": "format of the bytes in `jpeg`: jpeg, or png/webp when stored losslessly"}),
+    pa.field("q92_psnr_db", pa.float32(),
+             metadata={"doc": "first-generation PSNR of the image's JPEG at the configured quality"}),
 ])
 
 REJECTS_SCHEMA = pa.schema([

@@ -86,6 +86,27 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
                            f"{parent}/.{name}.creating if a writer died mid-creation") from e
 
 
+def add_missing_columns(ds: lance.LanceDataset, schema: pa.Schema) -> lance.LanceDataset:
+    """Give a table written by an older schema the nullable columns ``schema`` added since, all
+    null, in one metadata-only commit (no data file is rewritten); return the current dataset.
+    A concurrent writer adding them first is fine."""
+    missing = [f for f in schema if f.name not in ds.schema.names]
+    if not missing:
+        return ds
+    bad = [f.name for f in missing if not f.nullable]
+    if bad:
+        raise StorageError(f"table {ds.uri} lacks the non-nullable columns {bad}; it was written by an "
+                           "incompatible version: rebuild it or add them by hand")
+    try:
+        ds.add_columns([f.with_nullable(True) for f in missing])
+    except (OSError, ValueError) as e:  # another writer added them in the meantime
+        fresh = lance.dataset(ds.uri, storage_options=getattr(ds, "_storage_options", None))
+        if any(f.name not in fresh.schema.names for f in missing):
+            raise StorageError(f"cannot add columns {[f.name for f in missing]} to {ds.uri}: {e}") from e
+        return fresh
+    return ds
+
+
 def dataset_size(ds: lance.LanceDataset) -> int:
     """Bytes of the data files of the current version."""
     return sum(df.file_size_bytes or 0 for f in ds.get_fragments() for df in f.data_files()
@@ -122,7 +143,7 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
         these values, nothing is committed: no new Lance version, and the result reports
         the current version with zero inserted, updated and deleted rows.
     """
-    ds = open_or_create(uri, schema, storage_options)
+    ds = add_missing_columns(open_or_create(uri, schema, storage_options), schema)
     cols = list(compare) if compare is not None else [f.name for f in schema]
     with tempfile.TemporaryDirectory(prefix="prx-partition-") as tmp:
         spool = os.path.join(tmp, "rows.arrow")

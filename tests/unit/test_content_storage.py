@@ -1,0 +1,125 @@
+"""Content-aware storage: images whose q92 JPEG would lose more than the bound (or synthetic
+few-color images) are stored losslessly and flagged; everything else stays JPEG q92."""
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from prx_assets.core.config.project import IngestSettings, SourceConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.demo.synthetic import mixed_corpus
+from prx_assets.core.ingest.batches import discover, load_manifest
+from prx_assets.core.ingest.images import prepare_rgb, store
+from prx_assets.core.ingest.pipeline import ingest_batch
+from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.lab.schema import IMAGES_SCHEMA
+from prx_assets.core.lab.table import table_uri
+from prx_assets.training.data import decode_to_bucket
+
+
+@pytest.fixture(scope="module")
+def corpus() -> dict[str, bytes]:
+    return mixed_corpus(np.random.default_rng(1))
+
+
+def _rgb(data: bytes) -> Image.Image:
+    return prepare_rgb(data, IngestSettings()).rgb
+
+
+def test_each_kind_is_stored_as_its_content_needs(corpus: dict[str, bytes]) -> None:
+    s = IngestSettings()
+    got = {name: store(_rgb(data), s) for name, data in corpus.items()}
+    assert {n for n, st in got.items() if st.fmt == "jpeg"} == {n for n in corpus if n.startswith("photo")}
+    assert {got[n].lossless_reason for n in corpus if n.startswith(("text", "palette"))} == {"psnr"}
+    assert {got[n].lossless_reason for n in corpus if n.startswith(("line_art", "dithered"))} == {"few_colors"}
+    for name, st in got.items():
+        assert st.psnr_db is not None
+        if st.fmt == "jpeg":
+            assert st.psnr_db >= s.q92_min_psnr_db and st.data.startswith(b"\xff\xd8")
+        else:  # lossless: the stored bytes decode to exactly the normalized pixels
+            assert st.data.startswith(b"\x89PNG")
+            assert np.array_equal(np.asarray(Image.open(io.BytesIO(st.data)).convert("RGB")),
+                                  np.asarray(_rgb(corpus[name])))
+    webp = store(_rgb(corpus["text_000.png"]), IngestSettings(lossless_fallback="webp"))
+    assert webp.fmt == "webp" and webp.data[8:12] == b"WEBP"
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(webp.data)).convert("RGB")),
+                          np.asarray(_rgb(corpus["text_000.png"])))
+
+
+def test_a_synthetic_image_stays_jpeg_when_lossless_would_cost_too_much() -> None:
+    rng = np.random.default_rng(3)  # 200 colors scattered pixel by pixel: PNG is far bigger than JPEG
+    palette = rng.integers(0, 256, (200, 3), dtype=np.uint8)
+    noisy = Image.fromarray(palette[rng.integers(0, 200, (256, 256))], "RGB")
+    st = store(noisy, IngestSettings(q92_min_psnr_db=1.0))
+    assert st.fmt == "jpeg" and st.lossless_reason is None
+
+
+def test_off_keeps_stored_bytes_and_fingerprint_as_before() -> None:
+    off = IngestSettings(lossless_fallback="off")
+    keys = ("jpeg_quality", "jpeg_subsampling", "max_side", "min_side", "max_aspect", "max_pixels", "aspect_buckets")
+    legacy = hashlib.sha256(json.dumps({k: getattr(off, k) for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+    assert off.normalization_fingerprint() == legacy  # upgrading with `off` re-ingests nothing
+    assert IngestSettings().normalization_fingerprint() != legacy  # the default changes what is stored
+    assert IngestSettings(q92_min_psnr_db=30).normalization_fingerprint() != IngestSettings().normalization_fingerprint()
+    st = store(Image.new("RGB", (64, 64), (1, 2, 3)), off)
+    assert (st.fmt, st.psnr_db) == ("jpeg", None)
+
+
+def _source(tmp_path: Path, corpus: dict[str, bytes]) -> tuple[SourceConfig, DataRoot]:
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for name, data in corpus.items():
+        (folder / name).write_bytes(data)
+    cfg = SourceConfig(name="mixed", kind="folder", location=str(folder), batch_size=100,
+                       ingest=IngestSettings(workers=1))
+    root = DataRoot(str(tmp_path / "root"))
+    discover(cfg, reader_for(cfg), root)
+    return cfg, root
+
+
+def test_mixed_corpus_ingests_with_fallback_share_and_psnr_distribution(tmp_path: Path,
+                                                                         corpus: dict[str, bytes]) -> None:
+    cfg, root = _source(tmp_path, corpus)
+    res = ingest_batch(load_manifest(root, "mixed-00001"), reader_for(cfg), root, cfg.ingest)
+    assert res.rows == len(corpus) and res.rejected == 0
+    assert res.stored_formats == {"jpeg": 4, "png": 8}
+    assert res.lossless_reasons == {"psnr": 4, "few_colors": 4} and res.lossless_share == pytest.approx(8 / 12)
+    q = res.psnr_quantiles()
+    assert q["min"] < 37 < q["p95"] and len(res.psnr_db) == len(corpus)
+    summary = res.summary()
+    assert summary["lossless_share"] == round(8 / 12, 4) and summary["q92_psnr_db"] == q
+    rows = lance.dataset(table_uri(root, "images")).to_table(
+        columns=["uri", "jpeg", "jpeg_bytes", "stored_format", "q92_psnr_db"]).to_pylist()
+    for r in rows:
+        name = r["uri"].rsplit("/", 1)[-1]
+        assert r["jpeg_bytes"] == len(r["jpeg"]) and r["q92_psnr_db"] is not None
+        assert (r["stored_format"] == "jpeg") == name.startswith("photo")
+        assert decode_to_bucket(r["jpeg"], (64, 64)).shape == (3, 64, 64)  # the trainer reads either format
+    again = ingest_batch(load_manifest(root, "mixed-00001"), reader_for(cfg), root, cfg.ingest)
+    assert (again.inserted, again.updated, again.deleted) == (0, 0, 0)  # same content: nothing rewritten
+
+
+def test_a_table_from_before_gets_the_new_columns_without_rewriting(tmp_path: Path,
+                                                                    corpus: dict[str, bytes]) -> None:
+    cfg, root = _source(tmp_path, dict(list(corpus.items())[:3]))
+    legacy = pa.schema([f for f in IMAGES_SCHEMA if f.name not in ("stored_format", "q92_psnr_db")])
+    old_row = {f.name: None for f in legacy} | {
+        "image_id": "old", "source": "older", "batch": "older-00001", "uri": "/x.jpg", "jpeg": b"\xff\xd8",
+        "jpeg_bytes": 2, "width": 1, "height": 1, "orig_width": 1, "orig_height": 1, "orig_format": "JPEG",
+        "orig_mode": "RGB", "orig_bytes": 2, "sha256": "0", "phash": 0, "aspect_ratio": 1.0,
+        "aspect_bucket": "1:1", "ingest_config": "legacy"}
+    lance.write_dataset(pa.Table.from_pylist([old_row], schema=legacy), table_uri(root, "images"),
+                        enable_stable_row_ids=True)
+    res = ingest_batch(load_manifest(root, "mixed-00001"), reader_for(cfg), root, cfg.ingest)
+    ds = lance.dataset(table_uri(root, "images"))
+    assert res.rows == 3 and ds.count_rows() == 4
+    assert {"stored_format", "q92_psnr_db"} <= set(ds.schema.names)
+    old = ds.to_table(filter="image_id = 'old'", columns=["stored_format", "jpeg"]).to_pylist()
+    assert old == [{"stored_format": None, "jpeg": b"\xff\xd8"}]  # kept as it was: null means JPEG
