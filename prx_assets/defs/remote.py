@@ -10,6 +10,7 @@ cluster equals the in-process one.
 """
 
 import dataclasses
+import hashlib
 import importlib
 import json
 import re
@@ -105,9 +106,11 @@ def run_stage(context: dg.AssetExecutionContext, slurm: SlurmResource, stage: st
     fn, result_type = STAGES[stage]
     if stage not in slurm.stages:
         return fn(resources, partition_key, context.log.info)
+    payload = resources.to_json()
     invocation = slurm.pipes_client().run(
-        context=context, module=STAGE_MODULE, args=[stage, partition_key, "--resources", resources.to_json()],
-        job_name=job_name_for(stage, partition_key), extras={"stage": stage, "partition_key": partition_key})
+        context=context, module=STAGE_MODULE, args=[stage, partition_key, "--resources", payload],
+        job_name=job_name_for(stage, partition_key), extras={"stage": stage, "partition_key": partition_key},
+        work_key=hashlib.sha256(f"{stage}\0{partition_key}\0{payload}".encode()).hexdigest()[:16])
     results = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "result" in m]
     if not results:
         raise dg.Failure(f"{stage} job for {partition_key!r} ({invocation.metadata.get('job_id')}) finished without "

@@ -109,15 +109,23 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
         precomputed_latents=config.precomputed_latents,
         text_encoder=None if config.precomputed_latents else tower.model).to_argv()
     context.log.info(f"trainer: python -m {TRAINER_MODULE} {shlex.join(args)}")
+    # The work: this mixture version with these trainer settings. A job for it that a killed run left
+    # behind is adopted (followed, its results read) rather than trained a second time.
+    work_key = digest(training_fingerprint_of(version), json.dumps(config.model_dump(), sort_keys=True, default=str),
+                      tower.model)
     invocation = slurm.pipes_client().run(
         context=context, module=TRAINER_MODULE, args=args, job_name=job_name_for("train", mixture),
-        extras={"mixture": mixture, "mixture_version": version}, training=True)
+        extras={"mixture": mixture, "mixture_version": version}, training=True, work_key=work_key,
+        record={"checkpoint_dir": ckpt_dir})
+    if invocation.metadata.get("adopted"):
+        ckpt_dir = invocation.metadata["work"].get("checkpoint_dir", ckpt_dir)
     reported = invocation.get_materialize_result()
     return dg.MaterializeResult(
         metadata={
             **(reported.metadata or {}),
             "job_id": invocation.metadata["job_id"],
             "job_mode": invocation.metadata["job_mode"],
+            "adopted_job": bool(invocation.metadata.get("adopted")),
             "mixture_version": version,
             "spec_uri": dg.MetadataValue.path(spec_uri),
             "checkpoint_dir": dg.MetadataValue.path(ckpt_dir),

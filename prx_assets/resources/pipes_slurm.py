@@ -3,22 +3,68 @@
 The context and message files live in the shared job folder (``PipesFileContextInjector``,
 ``PipesFileMessageReader``), so the job's logs, metadata and materialization reach the Dagster
 run wherever the job ran. A failed, cancelled or timed-out job fails the step with the tail of
-the job log; interrupting the step (run termination) cancels the job.
+the job log; interrupting the step (run termination) cancels the job. A run that was killed
+(not terminated) leaves its job running; the next run for the same work adopts it.
 """
 
+import json
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from threading import Event, Thread
 from typing import Any
 
 import dagster as dg
+from dagster_pipes import PipesDefaultMessageWriter
 
 from prx_assets.core.jobs.executors import Executor
 from prx_assets.core.jobs.parse import JobStatus
 from prx_assets.core.jobs.render import render_sbatch
 from prx_assets.resources.slurm import SlurmResource
+
+#: Per job folder: what the job is for (job id, name, work key, caller's record), and the marker
+#: written once a run has recorded the job's results.
+WORK_FILE, RECORDED_FILE = "work.json", "recorded"
+#: Job states in which a job may still produce results.
+LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "SUSPENDED")
+
+
+class ExistingFileMessageReader(dg.PipesFileMessageReader):
+    """Reads the message file of an adopted job from its first line. Dagster's file reader creates
+    (truncates) the file when a session opens, which would erase what the job already wrote."""
+
+    @contextmanager
+    def read_messages(self, handler: Any) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        """Tail the existing file until the session closes (see ``PipesFileMessageReader``)."""
+        closed = Event()
+        thread = Thread(target=self._reader_thread, args=(handler, closed), daemon=True)
+        thread.start()
+        try:
+            yield {PipesDefaultMessageWriter.FILE_PATH_KEY: self._path,
+                   PipesDefaultMessageWriter.INCLUDE_STDIO_IN_MESSAGES_KEY: self._include_stdio_in_messages}
+        finally:
+            closed.set()
+            thread.join()
+
+
+def _closed(messages: Path) -> bool:
+    """Whether a Pipes message file ends with the job's ``closed`` message."""
+    try:
+        with open(messages, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            lines = f.read().decode("utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return False
+    for line in reversed(lines):
+        try:
+            return json.loads(line).get("method") == "closed"
+        except ValueError:
+            continue
+    return False
 
 
 def log_tail(path: str | os.PathLike[str], lines: int = 40) -> str:
@@ -38,35 +84,60 @@ class PipesSlurmClient(dg.PipesClient):
 
     def run(self, *, context: dg.AssetExecutionContext | dg.OpExecutionContext, module: str,  # type: ignore[override]
             args: Sequence[str] = (), job_name: str, extras: Mapping[str, Any] | None = None,
-            env: Mapping[str, str] | None = None, training: bool = False) -> dg.PipesClientCompletedInvocation:
-        """Submit, follow and collect one job; raises ``dg.Failure`` with the log tail if it fails."""
+            env: Mapping[str, str] | None = None, training: bool = False, work_key: str | None = None,
+            record: Mapping[str, Any] | None = None) -> dg.PipesClientCompletedInvocation:
+        """Submit, follow and collect one job; raises ``dg.Failure`` with the log tail if it fails.
+
+        ``work_key`` names the work (e.g. a mixture version and the trainer settings). A job for the
+        same work that a killed run left behind is adopted instead of submitting a second one:
+        still queued or running, it is followed; finished, its results are read; either way its
+        Pipes messages (logs, metadata, materialization) reach this run. ``record`` is kept with
+        the job and returned as ``metadata["work"]`` (e.g. where an adopted job writes checkpoints).
+        A queued or running job of the same name for other work is refused, never doubled.
+        """
         mode = self.slurm.effective_mode()
         executor = self.slurm.executor(mode)
         queue = getattr(executor, "queue", None)
-        if queue is not None:  # a job of this name still queued or running (e.g. its run was killed)
+        adopted = self._adoptable(executor, job_name, work_key) if queue is not None and work_key else None
+        if adopted is None and queue is not None:  # a job of this name still queued or running
             for job in queue():
-                if job["name"] == job_name and job["state"] in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED"):
+                if job["name"] == job_name and job["state"] in LIVE_STATES:
                     raise dg.Failure(
-                        description=f"SLURM job {job['job_id']} ({job_name}) is already {job['state']}: a second "
-                                    "job for the same work is not submitted. Wait for it to finish, or cancel it "
-                                    f"with `scancel {job['job_id']}` and materialize again.",
+                        description=f"SLURM job {job['job_id']} ({job_name}) is already {job['state']}"
+                                    f"{' for other work' if work_key else ''}: a second job is not submitted. "
+                                    "Wait for it to finish, or cancel it with "
+                                    f"`scancel {job['job_id']}` and materialize again.",
                         metadata={"job_id": job["job_id"], "state": job["state"]})
-        job_dir = self.slurm.jobs_dir() / f"{job_name}-{uuid.uuid4().hex[:8]}"
-        job_dir.mkdir(parents=True)
+        if adopted is not None:
+            job_dir, work = adopted
+            context_file = job_dir / f"pipes_context.adopted-{uuid.uuid4().hex[:8]}.json"
+        else:
+            job_dir = self.slurm.jobs_dir() / f"{job_name}-{uuid.uuid4().hex[:8]}"
+            job_dir.mkdir(parents=True)
+            work = {"job_name": job_name, "work_key": work_key, "record": dict(record or {}), "mode": mode}
+            context_file = job_dir / "pipes_context.json"
         with dg.open_pipes_session(
             context=context,
-            context_injector=dg.PipesFileContextInjector(str(job_dir / "pipes_context.json")),
-            message_reader=dg.PipesFileMessageReader(str(job_dir / "pipes_messages.jsonl"), cleanup_file=False),
+            context_injector=dg.PipesFileContextInjector(str(context_file)),
+            message_reader=(ExistingFileMessageReader if adopted is not None else dg.PipesFileMessageReader)(
+                str(job_dir / "pipes_messages.jsonl"), cleanup_file=False),
             extras=dict(extras or {}),
         ) as session:
-            exports = {**(env or {}), **session.get_bootstrap_env_vars()}
-            spec = self.slurm.job_spec(job_name=job_name, module=module, args=args, script_dir=job_dir,
-                                       exports=exports, training=training)
-            script = job_dir / "job.sbatch"
-            script.write_text(render_sbatch(self.slurm.template_text(), spec))
-            log_path = Path(spec.log_path)
-            job_id = executor.submit(script, log_path)
-            context.log.info(f"submitted {job_name} as {mode} job {job_id}; script {script}, log {log_path}")
+            if adopted is None:
+                exports = {**(env or {}), **session.get_bootstrap_env_vars()}
+                spec = self.slurm.job_spec(job_name=job_name, module=module, args=args, script_dir=job_dir,
+                                           exports=exports, training=training)
+                script = job_dir / "job.sbatch"
+                script.write_text(render_sbatch(self.slurm.template_text(), spec))
+                log_path = Path(spec.log_path)
+                job_id = executor.submit(script, log_path)
+                work.update(job_id=job_id, log=str(log_path))
+                (job_dir / WORK_FILE).write_text(json.dumps(work, sort_keys=True))
+                context.log.info(f"submitted {job_name} as {mode} job {job_id}; script {script}, log {log_path}")
+            else:
+                job_id, log_path = str(work["job_id"]), Path(work.get("log", job_dir / "job.log"))
+                context.log.info(f"adopting {job_name} job {job_id} for the same work ({work_key}), left by an "
+                                 f"earlier run; its log {log_path}")
             status = self._follow(context, executor, job_id)
             if status.state != "COMPLETED":
                 tail = log_tail(log_path)
@@ -78,7 +149,31 @@ class PipesSlurmClient(dg.PipesClient):
                               "log_tail": dg.MetadataValue.text(tail)},
                 )
             context.log.info(f"job {job_id} COMPLETED")
-        return dg.PipesClientCompletedInvocation(session, metadata={"job_id": job_id, "job_mode": mode})
+        (job_dir / RECORDED_FILE).write_text(context.run.run_id)  # its results are in a run now
+        return dg.PipesClientCompletedInvocation(session, metadata={
+            "job_id": job_id, "job_mode": work.get("mode", mode), "adopted": adopted is not None,
+            "work": dict(work.get("record") or {})})
+
+    def _adoptable(self, executor: Executor, job_name: str, work_key: str) -> tuple[Path, dict[str, Any]] | None:
+        """The newest job folder of ``job_name`` for ``work_key`` whose job is queued or running, or
+        finished COMPLETED with a closed message stream that no run has recorded yet."""
+        root = self.slurm.jobs_dir()
+        if not root.is_dir():
+            return None
+        found = []
+        for d in root.glob(f"{job_name}-*"):
+            try:
+                work = json.loads((d / WORK_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            if work.get("work_key") == work_key and work.get("job_name") == job_name and work.get("job_id") \
+                    and not (d / RECORDED_FILE).exists():
+                found.append((d.stat().st_mtime, d, work))
+        for _, d, work in sorted(found, key=lambda t: t[0], reverse=True):
+            st = executor.status(str(work["job_id"]))
+            if st.state in LIVE_STATES or (st.state == "COMPLETED" and _closed(d / "pipes_messages.jsonl")):
+                return d, work
+        return None
 
     def _follow(self, context: Any, executor: Executor, job_id: str) -> JobStatus:
         last = ""

@@ -109,7 +109,7 @@ class IngestSettings:
     lossless_fallback:
         Content-aware storage: ``png`` (default) or ``webp`` stores losslessly, in that format,
         each image whose first-generation JPEG loses more than ``q92_min_psnr_db`` (dense line
-        art, text, dithered palettes) and each synthetic image of at most
+        art, text, saturated palettes) and each synthetic image of at most
         ``lossless_max_colors`` colors whose lossless bytes are at most twice the JPEG's;
         ``off`` stores every image as JPEG (and leaves stored bytes and fingerprints exactly as
         before this setting existed).
@@ -132,7 +132,7 @@ class IngestSettings:
     q92_min_psnr_db: float = 37.0
     workers: int = 0
     lossless_fallback: str = "png"
-    lossless_max_colors: int = 256
+    lossless_max_colors: int = 64
     fallback_warn_share: float = 0.25
 
     def normalization_fingerprint(self) -> str:

@@ -277,11 +277,63 @@ def psnr_db(a: Image.Image, b: Image.Image) -> float:
     return EXACT_PSNR_DB if mse == 0 else min(EXACT_PSNR_DB, 10.0 * math.log10(255.0 ** 2 / mse))
 
 
-def jpeg_psnr(rgb: Image.Image, jpeg: bytes) -> float:
-    """First-generation PSNR (dB) of ``jpeg`` against the RGB pixels it encodes."""
+#: Side of the tiles an image's first-generation PSNR is estimated on at ingest (a multiple of the
+#: 16-pixel MCU, so a tile's JPEG blocks are the image's), and the pixels measured per image.
+PSNR_TILE = 64
+PSNR_PIXELS = 16 * PSNR_TILE * PSNR_TILE
+#: An estimate this far above the bound is taken as it is; below, the whole image is measured. On
+#: the demo corpus plus synthetic content (112 images) estimates ran at most 1.5 dB above the whole
+#: image's PSNR and never accepted an image below the bound with this margin (1/4 needed the
+#: whole measurement).
+PSNR_FULL_MARGIN_DB = 2.0
+
+
+def psnr_tiles(width: int, height: int, budget: int = PSNR_PIXELS) -> tuple[int, list[tuple[int, int]]]:
+    """``(columns, top-left corners)`` of MCU-aligned ``PSNR_TILE`` tiles spread over the image in a
+    grid, about ``budget`` pixels in all.
+
+    >>> psnr_tiles(1024, 768)[0], len(psnr_tiles(1024, 768)[1])
+    (5, 15)
+    """
+    t = PSNR_TILE
+    n = max(1, budget // (t * t))
+    cols = max(1, min(n, round(math.sqrt(n * width / height)), width // t))
+    rows = max(1, min(n // cols, height // t))
+    xs = [min(width - t, (round(i * (width - t) / max(1, cols - 1)) // 16) * 16) for i in range(cols)]
+    ys = [min(height - t, (round(j * (height - t) / max(1, rows - 1)) // 16) * 16) for j in range(rows)]
+    return cols, [(x, y) for y in ys for x in xs]
+
+
+def jpeg_psnr(rgb: Image.Image, jpeg: bytes, quality: int = 92, subsampling: str = "4:2:0",
+              bound: float | None = None) -> float:
+    """First-generation PSNR (dB) of ``jpeg``, the image's JPEG at ``quality``.
+
+    With a ``bound``, an image larger than ``PSNR_PIXELS`` is first estimated on a mosaic of
+    MCU-aligned tiles spread over it, encoded at the same settings (JPEG codes each block on its
+    own, so the mosaic's error follows the image's there, a little higher at tile seams); an
+    estimate at least ``PSNR_FULL_MARGIN_DB`` above the bound is returned as it is, so only images
+    near or below it pay for decoding the whole JPEG."""
+    w, h = rgb.size
+    if bound is not None and w * h > PSNR_PIXELS and w >= PSNR_TILE and h >= PSNR_TILE:
+        estimate = _mosaic_psnr(rgb, quality, subsampling)
+        if estimate >= bound + PSNR_FULL_MARGIN_DB:
+            return estimate
     with Image.open(io.BytesIO(jpeg)) as im:
-        decoded = im.convert("RGB")
-    return psnr_db(rgb, decoded)
+        im.load()
+        return psnr_db(rgb, im if im.mode == "RGB" else im.convert("RGB"))
+
+
+def _mosaic_psnr(rgb: Image.Image, quality: int, subsampling: str) -> float:
+    w, h = rgb.size
+    cols, corners = psnr_tiles(w, h)
+    rows = -(-len(corners) // cols)
+    t = PSNR_TILE
+    mosaic = Image.new("RGB", (cols * t, rows * t), (255, 255, 255))
+    for i, (x, y) in enumerate(corners):
+        mosaic.paste(rgb.crop((x, y, x + t, y + t)), ((i % cols) * t, (i // cols) * t))
+    with Image.open(io.BytesIO(encode_jpeg(mosaic, quality, subsampling))) as im:
+        im.load()
+        return psnr_db(mosaic, im)
 
 
 def encode_lossless(rgb: Image.Image, fmt: str) -> bytes:
@@ -321,7 +373,7 @@ def store(rgb: Image.Image, settings: IngestSettings) -> Stored:
     jpeg = encode_jpeg(rgb, settings.jpeg_quality, settings.jpeg_subsampling)
     if settings.lossless_fallback == "off":
         return Stored(jpeg, "jpeg", None, None)
-    psnr = jpeg_psnr(rgb, jpeg)
+    psnr = jpeg_psnr(rgb, jpeg, settings.jpeg_quality, settings.jpeg_subsampling, bound=settings.q92_min_psnr_db)
     reason = None
     if psnr < settings.q92_min_psnr_db:
         reason = "psnr"
