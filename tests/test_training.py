@@ -460,3 +460,47 @@ def test_a_job_still_queued_or_running_is_never_submitted_twice(slurm_cluster: N
         assert not list((tmp_path / "jobs").glob(f"{name}-*"))  # nothing was written for a second job
     finally:
         subprocess.run(["scancel", job_id], check=False)
+
+
+def test_a_killed_run_leaves_its_job_to_the_next_run_which_adopts_it(trained_demo: dict[str, Any],
+                                                                      tmp_path: Path) -> None:
+    """kill -9 of the process following a training job: the job keeps running; materializing again
+    adopts it (follows it, reads its Pipes messages) instead of submitting a second job."""
+    from prx_assets.core.jobs.executors import run_command
+    from prx_assets.definitions import defs
+
+    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
+    run_config = {"ops": {"training_run": {"config": {"steps": 60, "checkpoint_every": 0}}}}
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import dagster as dg
+        from prx_assets.definitions import defs
+        job = defs.resolve_implicit_global_asset_job_def()
+        with dg.DagsterInstance.get() as instance:
+            job.execute_in_process(instance=instance, partition_key="mix", raise_on_error=False,
+                                   asset_selection=[dg.AssetKey("training_run")], run_config={run_config!r})
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=trained_demo["base"])
+    try:
+        job_id = _wait_for_job("prx-train-mix", timeout=120)
+        proc.kill()  # kill -9: no cleanup, the job is not cancelled
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    job = defs.resolve_implicit_global_asset_job_def()
+    with dg.DagsterInstance.get() as instance:
+        res = job.execute_in_process(instance=instance, partition_key="mix", raise_on_error=False,
+                                     asset_selection=[dg.AssetKey("training_run")], run_config=run_config)
+        assert res.success
+        md = res.asset_materializations_for_node("training_run")[0].metadata
+        assert md["job_id"].value == job_id and md["adopted_job"].value is True
+        assert md["steps"].value == 60 and "loss_last" in md  # the adopted job's own report
+        again = job.execute_in_process(instance=instance, partition_key="mix", raise_on_error=False,
+                                       asset_selection=[dg.AssetKey("training_run")], run_config=run_config)
+        assert again.success  # its results are recorded: the next materialization trains anew
+        md2 = again.asset_materializations_for_node("training_run")[0].metadata
+        assert md2["job_id"].value != job_id and md2["adopted_job"].value is False
+    out = run_command(["sacct", "-n", "-X", "-P", "--name=prx-train-mix", "-S", started, "-o", "JobID"])
+    ids = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    assert ids.count(job_id) == 1 and len(ids) == 2, ids  # the killed run's job and the last one, no third

@@ -148,12 +148,12 @@ def test_content_aware_storage_keeps_the_bound_without_blocking(folder_source: d
         assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
         assert check.metadata["lossless_share"].value == 1.0 and "stored losslessly" in check.description
         md = res.asset_materializations_for_node("raw_images")[0].metadata
-        assert md["lossless_share"].value == 1.0 and md["stored_formats"].value == {"png": 4}
+        assert md["lossless_share"].value == 1.0 and md["stored_formats"].value == {"webp": 4}
         assert md["lossless_reasons"].value == {"psnr": 4} and md["q92_psnr_db"].value["p95"] < 37
         t = lance.dataset(str(folder_source["root"] / "lance" / "images.lance")).to_table(
             columns=["jpeg", "stored_format"])
-        assert set(t.column("stored_format").to_pylist()) == {"png"}
-        assert all(b.startswith(b"\x89PNG") for b in t.column("jpeg").to_pylist())
+        assert set(t.column("stored_format").to_pylist()) == {"webp"}
+        assert all(b[8:12] == b"WEBP" for b in t.column("jpeg").to_pylist())
 
 
 def test_bad_partition_key_fails_with_a_fix(folder_source: dict) -> None:

@@ -59,7 +59,7 @@ sources:
      r"jpeg_quality=0 is outside 1..100"),
     ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {qualty: 9}}\n", r"unknown ingest setting 'qualty'"),
     ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {lossless_fallback: gif}}\n",
-     r"source 'x': lossless_fallback='gif' is not supported \(fix: use one of: png, webp, off\)"),
+     r"source 'x': lossless_fallback='gif' is not supported \(fix: use one of: webp, png, off\)"),
     ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {fallback_warn_share: 2}}\n",
      r"fallback_warn_share=2.0 within 0..1"),
     ("sources:\n  - {name: x, kind: folder, path: /x, ingest: {lossless_fallback: true}}\n",

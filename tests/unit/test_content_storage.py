@@ -44,12 +44,12 @@ def test_each_kind_is_stored_as_its_content_needs(corpus: dict[str, bytes]) -> N
         if st.fmt == "jpeg":
             assert st.psnr_db >= s.q92_min_psnr_db and st.data.startswith(b"\xff\xd8")
         else:  # lossless: the stored bytes decode to exactly the normalized pixels
-            assert st.data.startswith(b"\x89PNG")
+            assert st.fmt == "webp" and st.data[8:12] == b"WEBP"
             assert np.array_equal(np.asarray(Image.open(io.BytesIO(st.data)).convert("RGB")),
                                   np.asarray(_rgb(corpus[name])))
-    webp = store(_rgb(corpus["text_000.png"]), IngestSettings(lossless_fallback="webp"))
-    assert webp.fmt == "webp" and webp.data[8:12] == b"WEBP"
-    assert np.array_equal(np.asarray(Image.open(io.BytesIO(webp.data)).convert("RGB")),
+    png = store(_rgb(corpus["text_000.png"]), IngestSettings(lossless_fallback="png"))
+    assert png.fmt == "png" and png.data.startswith(b"\x89PNG")
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(png.data)).convert("RGB")),
                           np.asarray(_rgb(corpus["text_000.png"])))
 
 
@@ -89,7 +89,7 @@ def test_mixed_corpus_ingests_with_fallback_share_and_psnr_distribution(tmp_path
     cfg, root = _source(tmp_path, corpus)
     res = ingest_batch(load_manifest(root, "mixed-00001"), reader_for(cfg), root, cfg.ingest)
     assert res.rows == len(corpus) and res.rejected == 0
-    assert res.stored_formats == {"jpeg": 4, "png": 8}
+    assert res.stored_formats == {"jpeg": 4, "webp": 8}
     assert res.lossless_reasons == {"psnr": 4, "few_colors": 4} and res.lossless_share == pytest.approx(8 / 12)
     q = res.psnr_quantiles()
     assert q["min"] < 37 < q["p95"] and len(res.psnr_db) == len(corpus)

@@ -75,7 +75,7 @@ def config_dir() -> Path:
 
 
 #: Values of ``lossless_fallback``: the lossless formats, or ``off``.
-LOSSLESS_FORMATS = ("png", "webp", "off")
+LOSSLESS_FORMATS = ("webp", "png", "off")
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class IngestSettings:
         Threads that decode/encode in parallel within one partition (Pillow releases
         the GIL); ``0`` means one per CPU.
     lossless_fallback:
-        Content-aware storage: ``png`` (default) or ``webp`` stores losslessly, in that format,
+        Content-aware storage: ``webp`` (default: lossless WebP) or ``png`` stores losslessly, in that format,
         each image whose first-generation JPEG loses more than ``q92_min_psnr_db`` (dense line
         art, text, saturated palettes) and each synthetic image of at most
         ``lossless_max_colors`` colors whose lossless bytes are at most twice the JPEG's;
@@ -131,7 +131,7 @@ class IngestSettings:
     q92_sample: int = 6
     q92_min_psnr_db: float = 37.0
     workers: int = 0
-    lossless_fallback: str = "png"
+    lossless_fallback: str = "webp"
     lossless_max_colors: int = 64
     fallback_warn_share: float = 0.25
 
