@@ -11,6 +11,7 @@ Also reports the q92 size ratio against PNG and the PSNR curve on the demo corpu
 content-aware storage costs: the same ingest with ``lossless_fallback: off``, alternated with it.
 """
 
+import dataclasses
 import io
 import multiprocessing as mp
 import os
@@ -59,12 +60,15 @@ def bare_loop(paths: list[Path], quality: int = 92) -> int:
     return done
 
 
-def _source(folder: Path, workers: int, batch_size: int, fallback: str = "png") -> SourceConfig:
-    return SourceConfig(name="bench", kind="folder", location=str(folder), batch_size=batch_size,
-                        ingest=IngestSettings(workers=workers, lossless_fallback=fallback))
+def _source(folder: Path, workers: int, batch_size: int, fallback: str | None = None) -> SourceConfig:
+    """The bench source; ``fallback`` overrides ``lossless_fallback`` (``None``: the default)."""
+    settings = IngestSettings(workers=workers)
+    if fallback is not None:
+        settings = dataclasses.replace(settings, lossless_fallback=fallback)
+    return SourceConfig(name="bench", kind="folder", location=str(folder), batch_size=batch_size, ingest=settings)
 
 
-def _ingest_one(args: tuple[str, str, int, int, str]) -> int:
+def _ingest_one(args: tuple[str, str, int, int, str | None]) -> int:
     folder, work, seq, workers, fallback = args
     root = DataRoot(work)
     cfg = _source(Path(folder), workers, 1, fallback)
@@ -82,7 +86,7 @@ def prepare_batches(folder: Path, work: Path, n_files: int) -> list[int]:
 
 
 def ours(folder: Path, work: Path, n_files: int, workers: int, processes: int,
-         pool: Any = None, fallback: str = "png") -> int:
+         pool: Any = None, fallback: str | None = None) -> int:
     """The raw_images code path: two batches, in turn or in two processes at once."""
     seqs = prepare_batches(folder, work, n_files)
     jobs = [(str(folder), str(work), s, workers, fallback) for s in seqs]
@@ -111,8 +115,8 @@ def run() -> dict[str, Any]:
             t = time.perf_counter()
             bare_loop(paths)
             times["bare"].append(time.perf_counter() - t)
-            order = [("ours_1proc", 1, 1, "png"), ("ours_1proc_jpeg_only", 1, 1, "off"), ("ours_2proc", 1, 2, "png"),
-                     ("ours_1proc_2threads", 2, 1, "png")]
+            order = [("ours_1proc", 1, 1, None), ("ours_1proc_jpeg_only", 1, 1, "off"), ("ours_2proc", 1, 2, None),
+                     ("ours_1proc_2threads", 2, 1, None)]
             if r % 2:  # content-aware storage on and off alternate (ABAB)
                 order[0], order[1] = order[1], order[0]
             for name, workers, procs, fallback in order:

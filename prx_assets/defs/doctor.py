@@ -21,7 +21,6 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from prx_assets.core.lab.maintenance import lance_tables
 from prx_assets.core.lab.sql import literal
 from prx_assets.core.lab.table import open_table
 from prx_assets.core.leases import list_leases, remove_generation
+from prx_assets.core.scratch import dead_owner
 from prx_assets.defs.partitions import orphan_partitions
 from prx_assets.resources.storage import ProjectConfigResource
 
@@ -140,13 +140,6 @@ def check_orphans(instance: dg.DagsterInstance, root: DataRoot, repair: bool) ->
     return out
 
 
-def _age_hours(path: Path) -> float:
-    try:
-        return (time.time() - path.stat().st_mtime) / 3600
-    except OSError:
-        return 0.0
-
-
 def check_leaked_folders(root: DataRoot, older_than_hours: float, repair: bool) -> list[Finding]:
     """Unpublished staging folders under the data root (local) and read-back caches in the temp folder."""
     candidates: list[Path] = []
@@ -158,12 +151,12 @@ def check_leaked_folders(root: DataRoot, older_than_hours: float, repair: bool) 
     candidates += [p for p in tmp.glob("prx-mds-*") if p.is_dir()]
     out = []
     for p in sorted(candidates):
-        age = _age_hours(p)
-        if age < older_than_hours:
+        why = dead_owner(p, older_than_hours)  # its writer is gone (this host), or it is old
+        if why is None:
             continue
         if repair:
             shutil.rmtree(p, ignore_errors=True)
-        out.append(Finding("leaked_folder", str(p), f"untouched for {age:.1f} h", repaired=repair))
+        out.append(Finding("leaked_folder", str(p), why, repaired=repair))
     return out
 
 

@@ -4,6 +4,7 @@
 import dagster as dg
 
 from prx_assets.core import layout
+from prx_assets.core.faults import crash_point
 from prx_assets.core.manifests import ShardSetManifest
 from prx_assets.core.publish.mixture import resolve
 from prx_assets.core.publish.shards import read_shard_set_manifest
@@ -60,6 +61,7 @@ def training_mixture(context: dg.AssetExecutionContext, storage: StorageResource
 
     spec = resolve(mix, manifest)
     rel = layout.mixture_spec(mix.name, spec.mixture_version)
+    crash_point("mixture.before_spec")
     root.write_bytes(rel, spec.to_json())
     table = "\n".join(["| stream | shard set | samples | weighting | expected per epoch |", "|---|---|---|---|---|"] +
                       [f"| {s.recipe} | {s.shard_set_id} | {s.samples} | {s.weighting()} | "

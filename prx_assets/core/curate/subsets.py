@@ -22,6 +22,7 @@ from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.curate.selection import Subset
+from prx_assets.core.faults import crash_point
 from prx_assets.core.lab.sync import tag_version
 from prx_assets.core.manifests import SubsetManifest
 
@@ -66,6 +67,7 @@ def write_subset(root: DataRoot, ds: lance.LanceDataset, recipe: Recipe, subset:
         selected=subset.count, total=subset.total, dropped=dict(subset.dropped),
         buckets=dict(subset.buckets), caption_columns=tuple(subset.caption_columns),
         optout_requests=dict(subset.optout_dropped), version=subset.version)
+    crash_point("curate.before_manifest")
     root.write_bytes(layout.subset_manifest(recipe.name, sid), manifest.to_json())
     return StoredSubset(subset_id=sid, uri=root.join(layout.subset_dir(recipe.name, sid)), tag=tag, manifest=manifest)
 

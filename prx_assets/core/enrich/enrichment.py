@@ -20,7 +20,8 @@ import pyarrow as pa
 from PIL import Image
 
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lab.schema import IMAGES_TABLE
+from prx_assets.core.faults import crash_point
+from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE
 from prx_assets.core.lab.sql import chunks, where_all, where_eq, where_in
 from prx_assets.core.lab.table import open_or_create, open_table, table_uri
 from prx_assets.core.leases import Lease, lease_name
@@ -133,6 +134,7 @@ def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Sche
         result.written += len(pending)
         result.changed = True
         pending = []
+        crash_point(f"enrich.{'captions' if out_name == CAPTIONS_TABLE else 'embeddings'}.after_commit")
 
     waiting: dict[str, list[dict[str, Any]]] = {}
     for r in missing:

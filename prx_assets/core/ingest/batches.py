@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from prx_assets.core import layout
 from prx_assets.core.config.project import SourceConfig
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.faults import crash_point
 from prx_assets.core.ingest.sources import SourceReader, Unit
 from prx_assets.errors import PartitionKeyError, StorageError
 
@@ -406,6 +407,8 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
             report.all_batches.append(manifest.key)
             next_seq += 1
         if not lost_race:
+            if written:
+                crash_point("discover.before_index")  # manifests claimed, the index not written
             if written or index.seqs[-1:] != [index.covered]:
                 write_index(root, config.name, index, written)
             if state is not None:  # after the manifests: a crash before this only lists again

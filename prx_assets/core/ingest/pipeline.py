@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from prx_assets.core.config.project import IngestSettings
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.faults import crash_point
 from prx_assets.core.ingest.batches import BatchManifest
 from prx_assets.core.ingest.decoder_warnings import collect, routed
 from prx_assets.core.ingest.images import ImageRejected, NormalizedImage, RejectReason, normalize
@@ -273,6 +274,7 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
                                         _checked(batches(), lease), storage_options=opts,
                                         unchanged_if=UNCHANGED_ROW, compare=UNCHANGED_COLUMNS)
         lease.check()
+        crash_point("ingest.between_commits")
         rej_written = replace_partition(
             result.rejects_uri, REJECTS_SCHEMA, "batch", batch,
             [pa.RecordBatch.from_pylist(rejects, schema=REJECTS_SCHEMA)] if rejects else [],
@@ -294,3 +296,4 @@ def _checked(batches: Iterator[pa.RecordBatch], lease: Lease) -> Iterator[pa.Rec
     """``batches``, then a check that ``lease`` is still held (before the commit they feed)."""
     yield from batches
     lease.check()
+    crash_point("ingest.before_commit")

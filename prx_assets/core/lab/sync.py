@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.faults import crash_point
 from prx_assets.core.lab.changes import (
     SyncState,
     changed_rows,
@@ -255,9 +256,11 @@ def _sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None, embedder_ids:
         out.rows_updated[col] = n
         out.modes[col] = mode
         synced.columns[col] = source.version
+        crash_point("lab.after_column")
     if synced != state:
         synced.write(root)  # after the commits: a crash before this only repeats the comparison
     out.seconds["join"] = round(time.perf_counter() - started, 3)
+    crash_point("lab.before_indexes")
     started = time.perf_counter()
     out.indexes_created = ensure_indexes(images, vector_index_min_rows)
     out.seconds["indexes"] = round(time.perf_counter() - started, 3)

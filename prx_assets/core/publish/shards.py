@@ -30,7 +30,6 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import pyarrow as pa
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot, read_uri, split_s3
 from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.faults import crash_point
 from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
 from prx_assets.core.lab.sql import ID_CHUNK, rows_by_ids, where_eq
 from prx_assets.core.lab.sync import caption_column
@@ -65,6 +65,7 @@ from prx_assets.core.publish.incremental import (
     samples_uri,
     uri_join,
 )
+from prx_assets.core.scratch import OWNER_FILE, make_scratch, reap
 from prx_assets.errors import PrxError
 
 SHARDS_CODE_VERSION = "shards-1"
@@ -247,10 +248,15 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     added_columns = extension_of(previous, columns, plan, written_settings) if previous is not None else None
     delta = None
     started = time.perf_counter()
-    staging = Path(tempfile.mkdtemp(prefix=f"prx-mds-{recipe.name}-")) if root.remote else \
-        Path(root.join(layout.shard_set_staging(recipe.name, set_id, uuid.uuid4().hex[:8])))
+    # A writer killed mid-way left its staging folder: remove those whose process is gone.
+    if root.remote:
+        reap(None, f"prx-mds-{recipe.name}-*")
+        staging = make_scratch(None, f"prx-mds-{recipe.name}-")
+    else:
+        reap(root.join(layout.recipe_shards_dir(recipe.name)), ".staging-*")
+        staging = make_scratch(root.join(layout.recipe_shards_dir(recipe.name)),
+                               Path(layout.shard_set_staging(recipe.name, set_id, "")).name)
     try:
-        staging.mkdir(parents=True, exist_ok=True)
         if added_columns is not None and previous is not None:
             if digests is None or "digest" not in digests.column_names:
                 digests = subset_digests(lab, ids, caption_columns)
@@ -277,7 +283,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             skip_sha256 = hashlib.sha256(skip_bytes).hexdigest()
             shards_total = delta.previous.shards + (len(json.loads((staging / "delta" / layout.MDS_INDEX)
                                                                    .read_text())["shards"]) if delta.added else 0)
-        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        files = sorted(p for p in staging.rglob("*") if p.is_file() and p.name != OWNER_FILE)
         written_bytes = sum(p.stat().st_size for p in files)
         manifest = ShardSetManifest(
             shard_set_id=set_id, recipe=recipe.name, recipe_hash=recipe.recipe_hash(),
@@ -307,7 +313,10 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
                       if subset_manifest.optout_requests else {})},
         )
         (staging / layout.SHARD_SET_MANIFEST).write_bytes(manifest.to_json())
+        (staging / OWNER_FILE).unlink(missing_ok=True)  # not part of the published set
+        crash_point("shards.before_publish")
         _publish(root, staging, rel)
+        crash_point("shards.after_publish")
         return manifest
     finally:
         if staging.exists():
@@ -550,7 +559,9 @@ def verify_shard_set(manifest: ShardSetManifest, lab: lance.LanceDataset, sample
     """Read the set back with ``StreamingDataset``: count, hashes (checked by the reader when
     the set has them) and a sample of samples whose image bytes and caption columns (sidecar
     columns joined) equal the lab version's."""
-    own_cache = tempfile.mkdtemp(prefix="prx-mds-cache-") if cache is None and "://" in manifest.uri else None
+    if cache is None and "://" in manifest.uri:
+        reap(None, "prx-mds-cache-*")  # caches of read-backs whose process was killed
+    own_cache = str(make_scratch(None, "prx-mds-cache-")) if cache is None and "://" in manifest.uri else None
     try:
         return _verify(manifest, lab, sample, seed, cache or own_cache)
     finally:
