@@ -18,6 +18,7 @@ Runs are recorded in the Dagster instance at ``$DAGSTER_HOME`` (default
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ import socket
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +54,45 @@ def ensure_dagster_home() -> Path:
     path.mkdir(parents=True, exist_ok=True)
     project_yaml = Path("dagster.yaml")
     target = path / "dagster.yaml"
-    if project_yaml.is_file() and project_yaml.resolve() != target.resolve() and (
-            not target.exists() or target.read_bytes() != project_yaml.read_bytes()):
-        shutil.copyfile(project_yaml, target)
-    elif not target.exists():
-        import importlib.resources
+    with _home_lock(path):  # another `prx-assets` starting at the same moment reads it whole
+        if project_yaml.is_file() and project_yaml.resolve() != target.resolve() and (
+                not target.exists() or target.read_bytes() != project_yaml.read_bytes()):
+            _write_atomic(target, project_yaml.read_bytes())
+        elif not target.exists():
+            import importlib.resources
 
-        target.write_bytes((importlib.resources.files("prx_assets") / "defaults" / "dagster.yaml").read_bytes())
+            _write_atomic(target, (importlib.resources.files("prx_assets") / "defaults" / "dagster.yaml").read_bytes())
     return path
 
 
+def _write_atomic(target: Path, data: bytes) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+
+
+@contextlib.contextmanager
+def _home_lock(home: Path) -> Iterator[None]:
+    """An exclusive lock on ``$DAGSTER_HOME`` (``flock``) while an instance is set up: two processes
+    creating a new SQLite instance at once race on its schema (``UNIQUE constraint failed:
+    alembic_version``). Held only during set-up, never during runs."""
+    import fcntl
+
+    with open(home / ".prx-instance.lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _instance() -> dg.DagsterInstance:
-    ensure_dagster_home()
-    return dg.DagsterInstance.get()
+    home = ensure_dagster_home()
+    with _home_lock(home):
+        instance = dg.DagsterInstance.get()
+        instance.get_runs(limit=1)  # creates (or migrates) the storages' schemas under the lock
+        instance.get_asset_keys(limit=1)
+    return instance
 
 
 def _root() -> DataRoot:

@@ -110,7 +110,7 @@ def models_env(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
 _TIERS = {"test_training.py": "slurm", "test_ui.py": "browser", "test_postgres.py": "postgres",
           "test_s3_pipeline.py": "s3", "test_concurrency.py": "s3", "test_cli.py": "pipeline",
           "test_mixture.py": "pipeline", "test_install.py": "pipeline",
-          "test_identity.py": "pipeline"}
+          "test_identity.py": "pipeline", "test_faults.py": "pipeline"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

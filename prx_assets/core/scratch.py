@@ -2,8 +2,10 @@
 
 A shard set is written in a staging folder and published by a rename (or uploads); a read-back
 check caches shards in a temporary folder. A process killed mid-way leaves such a folder
-behind. Each one made here carries ``.owner.json`` (host, pid); ``reap`` removes those whose
-process is gone on this host (at once) or that are older than ``max_age_hours`` anywhere.
+behind. Each one made here has an owner file beside it, ``<folder>.owner.json`` (host, pid; beside,
+not inside, so that the folder can be renamed into place or uploaded as it is); ``reap``
+removes those whose process is gone on this host (at once) or that are older than
+``max_age_hours`` anywhere, and owner files whose folder is gone.
 """
 
 from __future__ import annotations
@@ -16,18 +18,28 @@ import tempfile
 import time
 from pathlib import Path
 
-OWNER_FILE = ".owner.json"
+OWNER_SUFFIX = ".owner.json"
+
+
+def owner_file(path: Path) -> Path:
+    """The owner file of a scratch folder (beside it)."""
+    return path.with_name(path.name + OWNER_SUFFIX)
 
 
 def make_scratch(parent: str | os.PathLike[str] | None, prefix: str) -> Path:
-    """A new folder ``<parent>/<prefix><random>`` (the temp folder when ``parent`` is None) marked
-    with its owner."""
+    """A new folder ``<parent>/<prefix><random>`` (the temp folder when ``parent`` is None) with its
+    owner file beside it."""
     if parent is not None:
         Path(parent).mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    (path / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                               "created": time.time()}))
+    owner_file(path).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                            "created": time.time()}))
     return path
+
+
+def release(path: Path) -> None:
+    """Forget a scratch folder's owner (after it was published, renamed or removed)."""
+    owner_file(path).unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -44,7 +56,7 @@ def dead_owner(path: Path, max_age_hours: float | None = None) -> str | None:
     """Why ``path`` is a leftover (its process is gone on this host, or it is older than
     ``max_age_hours``), or ``None`` while its owner may still be using it."""
     try:
-        owner = json.loads((path / OWNER_FILE).read_text())
+        owner = json.loads(owner_file(path).read_text())
     except (OSError, ValueError):
         owner = None
     if owner is not None and owner.get("host") == socket.gethostname() and int(owner.get("pid", -1)) != os.getpid() \
@@ -68,7 +80,12 @@ def reap(parent: str | os.PathLike[str] | None, pattern: str, max_age_hours: flo
     if not base.is_dir():
         return removed
     for p in sorted(base.glob(pattern)):
-        if p.is_dir() and dead_owner(p, max_age_hours) is not None:
+        if p.name.endswith(OWNER_SUFFIX):
+            folder = p.with_name(p.name[:-len(OWNER_SUFFIX)])
+            if not folder.exists():  # the folder was published or removed; its owner file stayed
+                p.unlink(missing_ok=True)
+        elif p.is_dir() and dead_owner(p, max_age_hours) is not None:
             shutil.rmtree(p, ignore_errors=True)
+            release(p)
             removed.append(p)
     return removed

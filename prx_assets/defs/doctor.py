@@ -37,7 +37,7 @@ from prx_assets.core.lab.maintenance import lance_tables
 from prx_assets.core.lab.sql import literal
 from prx_assets.core.lab.table import open_table
 from prx_assets.core.leases import list_leases, remove_generation
-from prx_assets.core.scratch import dead_owner
+from prx_assets.core.scratch import dead_owner, release
 from prx_assets.defs.partitions import orphan_partitions
 from prx_assets.resources.storage import ProjectConfigResource
 
@@ -156,6 +156,7 @@ def check_leaked_folders(root: DataRoot, older_than_hours: float, repair: bool) 
             continue
         if repair:
             shutil.rmtree(p, ignore_errors=True)
+            release(p)
         out.append(Finding("leaked_folder", str(p), why, repaired=repair))
     return out
 

@@ -13,7 +13,7 @@ nothing commits nothing (no new Lance version: identity follows content).
 from __future__ import annotations
 
 import os
-import tempfile
+import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ import pyarrow as pa
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.sql import chunks, where_eq, where_in
+from prx_assets.core.scratch import make_scratch, reap, release
 from prx_assets.errors import StorageError
 
 
@@ -145,7 +146,9 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
     """
     ds = add_missing_columns(open_or_create(uri, schema, storage_options), schema)
     cols = list(compare) if compare is not None else [f.name for f in schema]
-    with tempfile.TemporaryDirectory(prefix="prx-partition-") as tmp:
+    reap(None, "prx-partition-*")  # spools of writers that were killed
+    tmp = make_scratch(None, "prx-partition-")
+    try:
         spool = os.path.join(tmp, "rows.arrow")
         new_keys: dict[str, tuple] = {}
         with pa.OSFile(spool, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
@@ -178,6 +181,9 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
             stream = pa.RecordBatchReader.from_batches(
                 schema, (reader.get_batch(i) for i in range(reader.num_record_batches)))
             stats = builder.execute(stream)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        release(tmp)
     return WriteResult(version=ds.version, inserted=int(stats.get("num_inserted_rows", 0)),
                        updated=int(stats.get("num_updated_rows", 0)),
                        deleted=int(stats.get("num_deleted_rows", 0)))

@@ -65,7 +65,7 @@ from prx_assets.core.publish.incremental import (
     samples_uri,
     uri_join,
 )
-from prx_assets.core.scratch import OWNER_FILE, make_scratch, reap
+from prx_assets.core.scratch import make_scratch, reap, release
 from prx_assets.errors import PrxError
 
 SHARDS_CODE_VERSION = "shards-1"
@@ -235,6 +235,11 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     plan = caption_plan(recipe, subset_manifest.caption_columns, captioner_ids)
     set_id = shard_set_id(subset_manifest.subset_id, settings, plan)
     rel = layout.shard_set_dir(recipe.name, set_id)
+    # A writer killed mid-way left its staging folder: remove those whose process is gone.
+    if root.remote:
+        reap(None, f"prx-mds-{recipe.name}-*")
+    else:
+        reap(root.join(layout.recipe_shards_dir(recipe.name)), ".staging-*")
     if root.exists(layout.shard_set_manifest(recipe.name, set_id)):
         return read_shard_set_manifest(root, recipe.name, set_id)
     encoder = TextEncoder(settings.text_tower, device="auto") if settings.text_tower is not None else None
@@ -248,14 +253,9 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     added_columns = extension_of(previous, columns, plan, written_settings) if previous is not None else None
     delta = None
     started = time.perf_counter()
-    # A writer killed mid-way left its staging folder: remove those whose process is gone.
-    if root.remote:
-        reap(None, f"prx-mds-{recipe.name}-*")
-        staging = make_scratch(None, f"prx-mds-{recipe.name}-")
-    else:
-        reap(root.join(layout.recipe_shards_dir(recipe.name)), ".staging-*")
-        staging = make_scratch(root.join(layout.recipe_shards_dir(recipe.name)),
-                               Path(layout.shard_set_staging(recipe.name, set_id, "")).name)
+    staging = make_scratch(None, f"prx-mds-{recipe.name}-") if root.remote else \
+        make_scratch(root.join(layout.recipe_shards_dir(recipe.name)),
+                     Path(layout.shard_set_staging(recipe.name, set_id, "")).name)
     try:
         if added_columns is not None and previous is not None:
             if digests is None or "digest" not in digests.column_names:
@@ -283,7 +283,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             skip_sha256 = hashlib.sha256(skip_bytes).hexdigest()
             shards_total = delta.previous.shards + (len(json.loads((staging / "delta" / layout.MDS_INDEX)
                                                                    .read_text())["shards"]) if delta.added else 0)
-        files = sorted(p for p in staging.rglob("*") if p.is_file() and p.name != OWNER_FILE)
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
         written_bytes = sum(p.stat().st_size for p in files)
         manifest = ShardSetManifest(
             shard_set_id=set_id, recipe=recipe.name, recipe_hash=recipe.recipe_hash(),
@@ -313,7 +313,6 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
                       if subset_manifest.optout_requests else {})},
         )
         (staging / layout.SHARD_SET_MANIFEST).write_bytes(manifest.to_json())
-        (staging / OWNER_FILE).unlink(missing_ok=True)  # not part of the published set
         crash_point("shards.before_publish")
         _publish(root, staging, rel)
         crash_point("shards.after_publish")
@@ -321,6 +320,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+        release(staging)
 
 
 def extension_of(previous: ShardSetManifest, columns: dict[str, str], plan: dict[str, Any],
@@ -567,6 +567,7 @@ def verify_shard_set(manifest: ShardSetManifest, lab: lance.LanceDataset, sample
     finally:
         if own_cache is not None:  # a read-back of a remote set leaves no cache behind
             shutil.rmtree(own_cache, ignore_errors=True)
+            release(Path(own_cache))
 
 
 def _verify(manifest: ShardSetManifest, lab: lance.LanceDataset, sample: int, seed: int,
