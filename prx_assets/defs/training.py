@@ -2,6 +2,7 @@
 
 import json
 import shlex
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -117,15 +118,16 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
         context=context, module=TRAINER_MODULE, args=args, job_name=job_name_for("train", mixture),
         extras={"mixture": mixture, "mixture_version": version}, training=True, work_key=work_key,
         record={"checkpoint_dir": ckpt_dir})
-    if invocation.metadata.get("adopted"):
-        ckpt_dir = invocation.metadata["work"].get("checkpoint_dir", ckpt_dir)
+    adopted = bool(_plain(invocation.metadata.get("adopted")))
+    if adopted:  # the adopted job writes where its own run told it to
+        ckpt_dir = (_plain(invocation.metadata.get("work")) or {}).get("checkpoint_dir", ckpt_dir)
     reported = invocation.get_materialize_result()
     return dg.MaterializeResult(
         metadata={
             **(reported.metadata or {}),
             "job_id": invocation.metadata["job_id"],
             "job_mode": invocation.metadata["job_mode"],
-            "adopted_job": bool(invocation.metadata.get("adopted")),
+            "adopted_job": adopted,
             "mixture_version": version,
             "spec_uri": dg.MetadataValue.path(spec_uri),
             "checkpoint_dir": dg.MetadataValue.path(ckpt_dir),
@@ -134,6 +136,11 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
         },
         data_version=reported.data_version,
     )
+
+
+def _plain(value: Any) -> Any:
+    """A Pipes invocation's metadata entry as a plain value (entries come back as ``MetadataValue``)."""
+    return getattr(value, "value", value)
 
 
 def _latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:

@@ -71,3 +71,40 @@ def test_corrupt_parquet_files_and_bad_rows_are_rejects(tmp_path: Path) -> None:
     assert reasons == {"unreadable_unit": 2, "bad_row": 2}
     assert {Path(r["uri"].split("#")[0]).name for r in rejects} == {"empty.parquet", "garbage.parquet", "c.parquet"}
     assert all(r["message"] for r in rejects)
+
+
+def test_every_bad_input_is_accounted_for_and_other_sources_are_unaffected(tmp_path: Path) -> None:
+    """36 bad, hostile or merely hard inputs over a folder, a Parquet and a WebDataset source, next
+    to a good source: each becomes a row or a reject with the expected reason; nothing is lost."""
+    import lance
+
+    from prx_assets.core.demo.bad_inputs import outcome_name, write_bad_inputs
+    from prx_assets.core.ingest.batches import load_manifests
+    from prx_assets.core.ingest.pipeline import ingest_batch
+
+    items = write_bad_inputs(tmp_path / "bad", big_side=1200)
+    assert len(items) == 36
+    good = tmp_path / "good"
+    write_folder_corpus(good, n=5, broken=False)
+    root = DataRoot(str(tmp_path / "root"))
+    dirs = {"folder": tmp_path / "bad" / "folder", "table": tmp_path / "bad" / "table",
+            "shards": tmp_path / "bad" / "shards", "good": good}
+    kinds = {"folder": "folder", "table": "parquet", "shards": "webdataset", "good": "folder"}
+    for name, where in dirs.items():
+        cfg = SourceConfig(name=name, kind=kinds[name], location=str(where), batch_size=100,
+                           ingest=IngestSettings(workers=2))
+        discover(cfg, reader_for(cfg), root)
+        for m in load_manifests(root, name):
+            ingest_batch(m, reader_for(cfg), root, cfg.ingest)
+    got: dict[tuple[str, str], str] = {}
+    images = lance.dataset(root.join("lance/images.lance")).to_table(columns=["source", "uri"]).to_pylist()
+    rejects = lance.dataset(root.join("lance/rejects.lance")).to_table(
+        columns=["source", "uri", "reason", "message"]).to_pylist()
+    for r in images:
+        got[(r["source"], outcome_name(str(dirs[r["source"]]), r["uri"]))] = "row"
+    for r in rejects:
+        assert r["message"], r  # every reject says why
+        got[(r["source"], outcome_name(str(dirs[r["source"]]), r["uri"]))] = r["reason"]
+    expected = {(i.source, i.name): i.expect for i in items}
+    assert {k: v for k, v in got.items() if k[0] != "good"} == expected
+    assert sum(1 for k, v in got.items() if k[0] == "good" and v == "row") == 5  # the good source: all in

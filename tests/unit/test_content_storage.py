@@ -123,3 +123,12 @@ def test_a_table_from_before_gets_the_new_columns_without_rewriting(tmp_path: Pa
     assert {"stored_format", "q92_psnr_db"} <= set(ds.schema.names)
     old = ds.to_table(filter="image_id = 'old'", columns=["stored_format", "jpeg"]).to_pylist()
     assert old == [{"stored_format": None, "jpeg": b"\xff\xd8"}]  # kept as it was: null means JPEG
+
+
+def test_an_image_too_large_for_webp_is_stored_as_png(monkeypatch: pytest.MonkeyPatch,
+                                                      corpus: dict[str, bytes]) -> None:
+    import prx_assets.core.ingest.images as images
+
+    monkeypatch.setattr(images, "WEBP_MAX_PIXELS", 1000)  # libwebp's memory grows with the pixels
+    st = store(_rgb(corpus["text_000.png"]), IngestSettings())
+    assert (st.fmt, st.lossless_reason) == ("png", "psnr") and st.data.startswith(b"\x89PNG")

@@ -94,7 +94,7 @@ def test_corrupt_tar_is_an_item_error_not_a_crash(tmp_path: Path) -> None:
     (tmp_path / "w" / "bad.tar").write_bytes(b"\x00not a tar" * 100)
     r = reader_for(src("webdataset", str(tmp_path / "w")))
     items = list(r.read_unit(r.list_units()[0]))
-    assert len(items) == 1 and items[0].error is not None and items[0].error[0] == "read_error"
+    assert len(items) == 1 and items[0].error is not None and items[0].error[0] == "unreadable_unit"
 
 
 def test_s3_prefix_parquet_and_webdataset_on_moto(tmp_path: Path, s3_env: dict[str, str]) -> None:

@@ -263,6 +263,8 @@ def encode_jpeg(rgb: Image.Image, quality: int, subsampling: str = "4:2:0") -> b
 LOSSLESS_MAX_GROWTH = 2.0
 #: PSNR reported for an encode that reproduces every pixel (MSE 0).
 EXACT_PSNR_DB = 99.0
+#: Rows compared at a time by ``psnr_db`` (bounds its extra memory on large images).
+PSNR_BAND_ROWS = 512
 
 
 def psnr_db(a: Image.Image, b: Image.Image) -> float:
@@ -272,8 +274,14 @@ def psnr_db(a: Image.Image, b: Image.Image) -> float:
     >>> round(psnr_db(Image.new("RGB", (4, 4), (10, 10, 10)), Image.new("RGB", (4, 4), (12, 10, 10))), 2)
     46.88
     """
-    hist = np.asarray(ImageChops.difference(a, b).histogram(), dtype=np.float64).reshape(-1, 256)
-    mse = float((hist * np.arange(256, dtype=np.float64) ** 2).sum()) / max(1, a.size[0] * a.size[1] * len(hist))
+    w, h = a.size
+    hist = np.zeros((len(a.getbands()), 256), dtype=np.float64)
+    for top in range(0, h, PSNR_BAND_ROWS):  # in bands: no full-size difference image on large inputs
+        box = (0, top, w, min(h, top + PSNR_BAND_ROWS))
+        band = a if box == (0, 0, w, h) else a.crop(box)
+        other = b if box == (0, 0, w, h) else b.crop(box)
+        hist += np.asarray(ImageChops.difference(band, other).histogram(), dtype=np.float64).reshape(-1, 256)
+    mse = float((hist * np.arange(256, dtype=np.float64) ** 2).sum()) / max(1, w * h * len(hist))
     return EXACT_PSNR_DB if mse == 0 else min(EXACT_PSNR_DB, 10.0 * math.log10(255.0 ** 2 / mse))
 
 
@@ -336,16 +344,24 @@ def _mosaic_psnr(rgb: Image.Image, quality: int, subsampling: str) -> float:
         return psnr_db(mosaic, im)
 
 
-def encode_lossless(rgb: Image.Image, fmt: str) -> bytes:
-    """Encode losslessly as ``webp`` or ``png`` (no metadata). WebP uses libwebp's fastest effort
-    (method 0): on the demo's fallback images it encoded faster than PNG at zlib level 1 and came
-    out 1.2-4x smaller than PNG at level 6."""
+#: Lossless WebP up to this many pixels (libwebp holds about 6 bytes per pixel while it encodes, and
+#: WebP sides stop at 16,383); a larger image is stored as PNG (zlib streams: no extra memory).
+WEBP_MAX_PIXELS = 16 * 2**20
+WEBP_MAX_SIDE = 16_383
+
+
+def encode_lossless(rgb: Image.Image, fmt: str) -> tuple[bytes, str]:
+    """Encode losslessly as ``webp`` or ``png`` (no metadata); return the bytes and the format used.
+    WebP uses libwebp's fastest effort (method 0): on the demo's fallback images it encoded faster
+    than PNG at zlib level 1 and came out 1.2-4x smaller than PNG at level 6. Past
+    ``WEBP_MAX_PIXELS`` or ``WEBP_MAX_SIDE`` it is PNG at zlib level 1 (bounded memory, and fast)."""
     buf = io.BytesIO()
-    if fmt == "webp":
+    w, h = rgb.size
+    if fmt == "webp" and w * h <= WEBP_MAX_PIXELS and max(w, h) <= WEBP_MAX_SIDE:
         rgb.save(buf, "WEBP", lossless=True, method=0, quality=0)
-    else:
-        rgb.save(buf, "PNG")
-    return buf.getvalue()
+        return buf.getvalue(), "webp"
+    rgb.save(buf, "PNG", compress_level=6 if fmt == "png" else 1)
+    return buf.getvalue(), "png"
 
 
 @dataclass(frozen=True)
@@ -382,9 +398,9 @@ def store(rgb: Image.Image, settings: IngestSettings) -> Stored:
     elif settings.lossless_max_colors and rgb.getcolors(settings.lossless_max_colors) is not None:
         reason = "few_colors"
     if reason is not None:
-        lossless = encode_lossless(rgb, settings.lossless_fallback)
+        lossless, fmt = encode_lossless(rgb, settings.lossless_fallback)
         if reason == "psnr" or len(lossless) <= LOSSLESS_MAX_GROWTH * len(jpeg):
-            return Stored(lossless, settings.lossless_fallback, round(psnr, 3), reason)
+            return Stored(lossless, fmt, round(psnr, 3), reason)
     return Stored(jpeg, "jpeg", round(psnr, 3), None)
 
 

@@ -461,33 +461,43 @@ class WebDatasetReader(SourceReader):
             yield current, members
 
     def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
+        """The shard's samples, streamed; a shard that cannot be read, or breaks part way (truncated,
+        corrupt), ends with one ``unreadable_unit`` reject and keeps the samples read before."""
         try:
             data = self._open_bytes(unit.key)
-            samples = list(self._samples(data))
-        except (tarfile.TarError, OSError, SourceError) as e:
+        except (OSError, SourceError) as e:
             yield SourceItem(uri=unit.key, error=("read_error", f"cannot read tar shard: {e}"))
             return
-        for key, members in samples:
-            uri = f"{unit.key}#{key}"
-            image_ext = next((e for e in _IMAGE_EXTS if e in members), None)
-            meta: dict[str, Any] = {}
-            if "json" in members:
-                try:
-                    meta = json.loads(members["json"].decode("utf-8"))
-                except (ValueError, UnicodeDecodeError):
-                    meta = {}
-            caption = None
-            if self.config.caption_field and self.config.caption_field in members:
-                caption = members[self.config.caption_field].decode("utf-8", "replace").strip()
-            license_ = _str_or_none(meta.get(self.config.license_field)) if self.config.license_field \
-                else self.config.license
-            extra = {c: meta.get(c) for c in self.config.carry}
-            if image_ext is None:
-                yield SourceItem(uri=uri, error=(
-                    "no_image_member", f"sample has no image member (members: {sorted(members)})"))
-                continue
-            yield SourceItem(uri=uri, data=members[image_ext], caption=caption, license=license_,
-                             extra=extra)
+        done = 0
+        try:
+            for key, members in self._samples(data):
+                done += 1
+                yield self._item(unit, key, members)
+        except (tarfile.TarError, OSError, EOFError) as e:
+            where = f"after {done} samples" if done else "before its first sample"
+            yield SourceItem(uri=unit.key, error=("unreadable_unit", f"tar shard breaks {where}: {e}"))
+
+    def _item(self, unit: Unit, key: str, members: dict[str, bytes]) -> SourceItem:
+        """The item of one sample (its image member, caption, license, carried fields)."""
+        uri = f"{unit.key}#{key}"
+        image_ext = next((e for e in _IMAGE_EXTS if e in members), None)
+        meta: dict[str, Any] = {}
+        if "json" in members:
+            try:
+                meta = json.loads(members["json"].decode("utf-8"))
+            except (ValueError, UnicodeDecodeError):
+                meta = {}
+        caption = None
+        if self.config.caption_field and self.config.caption_field in members:
+            caption = members[self.config.caption_field].decode("utf-8", "replace").strip()
+        license_ = _str_or_none(meta.get(self.config.license_field)) if self.config.license_field \
+            else self.config.license
+        extra = {c: meta.get(c) for c in self.config.carry}
+        if image_ext is None:
+            return SourceItem(uri=uri, error=(
+                "no_image_member", f"sample has no image member (members: {sorted(members)})"))
+        return SourceItem(uri=uri, data=members[image_ext], caption=caption, license=license_,
+                          extra=extra)
 
     def read_uri(self, uri: str) -> bytes:
         shard, _, key = uri.rpartition("#")
