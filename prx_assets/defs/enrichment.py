@@ -60,6 +60,8 @@ register_fingerprint("image_embeddings", embeddings_fingerprint)
 
 
 def _data_version(context: dg.AssetExecutionContext, res: EnrichResult) -> dg.DataVersion:
+    if res.partition_version is not None:  # the version that last wrote these rows: the same for every
+        return dg.DataVersion(str(res.partition_version))  # run that finds them, however runs interleave
     if not res.changed:  # nothing written: keep the previous version so nothing looks stale
         tag = previous_data_version(context)
         if tag:

@@ -142,8 +142,8 @@ def raw_images(context: dg.AssetExecutionContext, storage: StorageResource,
     fingerprint = raw_images_fingerprint(FingerprintContext(root=root, sources=sources), key)
     changed = result.inserted + result.updated + result.deleted > 0
     version = str(result.images_version)
-    if not changed:
-        version = previous_data_version(context) or version
+    if not changed:  # the version of the last change; a run racing with the one that made it finds its rows
+        version = previous_data_version(context) or str(result.partition_version or version)
     return dg.MaterializeResult(metadata={**ingest_metadata(result, fingerprint),
                                           **batch_pictures(root, key, result.rejects)},
                                 data_version=dg.DataVersion(version))

@@ -23,7 +23,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.faults import crash_point
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE
 from prx_assets.core.lab.sql import chunks, where_all, where_eq, where_in
-from prx_assets.core.lab.table import open_or_create, open_table, table_uri
+from prx_assets.core.lab.table import open_or_create, open_table, partition_row_version, table_uri
 from prx_assets.core.leases import Lease, lease_name
 
 Compute = Callable[[Sequence[Image.Image]], list[dict[str, Any]]]
@@ -41,6 +41,8 @@ class EnrichResult:
     reused: int = 0
     written: int = 0
     version: int | None = None
+    #: The table version that last wrote this partition's rows for this key (its data version).
+    partition_version: int | None = None
     changed: bool = False
     seconds: float = 0.0
     compute_seconds: float = 0.0
@@ -73,6 +75,10 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
     with Lease(root, lease_name(out_name, key, batch)) as lease:
         result = _enrich_batch(root, batch, out_name, out_schema, key_col, key, payload_cols, compute_factory,
                                chunk, commit_every, progress, lease)
+        out = open_table(table_uri(root, out_name), root.storage_options())
+        if out is not None:
+            result.partition_version = partition_row_version(out, where_all(where_eq(key_col, key),
+                                                                              where_eq("batch", batch)))
     result.lease_wait_seconds = round(lease.waited, 3)
     return result
 

@@ -33,7 +33,8 @@ from prx_assets.core.lab.schema import (
     REJECTS_TABLE,
     image_id,
 )
-from prx_assets.core.lab.table import replace_partition, table_uri
+from prx_assets.core.lab.sql import where_eq
+from prx_assets.core.lab.table import open_table, partition_row_version, replace_partition, table_uri
 from prx_assets.core.leases import Lease, lease_name
 from prx_assets.errors import ConfigError
 
@@ -69,6 +70,8 @@ class IngestResult:
     warning_examples: list[dict[str, str]] = field(default_factory=list)
     #: Seconds spent waiting for another writer of this batch to finish (its lease).
     lease_wait_seconds: float = 0.0
+    #: The images table version that last wrote a row of this batch.
+    partition_version: int | None = None
     #: Stored images per format (``jpeg``, ``png``, ``webp``) and lossless ones per reason.
     stored_formats: dict[str, int] = field(default_factory=dict)
     lossless_reasons: dict[str, int] = field(default_factory=dict)
@@ -282,6 +285,8 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
     result.lease_wait_seconds = round(lease.waited, 3)
     result.images_version = written.version
     result.rejects_version = rej_written.version
+    images = open_table(result.images_uri, opts)
+    result.partition_version = partition_row_version(images, where_eq("batch", batch)) if images is not None else None
     result.inserted, result.updated, result.deleted = written.inserted, written.updated, written.deleted
     result.rejects = dict(sorted(reasons.items()))
     result.buckets = dict(sorted(buckets.items()))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import lance
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
@@ -106,6 +107,16 @@ def add_missing_columns(ds: lance.LanceDataset, schema: pa.Schema) -> lance.Lanc
             raise StorageError(f"cannot add columns {[f.name for f in missing]} to {ds.uri}: {e}") from e
         return fresh
     return ds
+
+
+def partition_row_version(ds: lance.LanceDataset, where: str) -> int | None:
+    """The table version that last wrote any row matching ``where`` (``None`` when no row matches or
+    the table does not track row versions). Two processes that find the same rows get the same
+    answer, whoever wrote them and whatever else was committed since."""
+    if not getattr(ds, "has_stable_row_ids", False):
+        return None
+    col = ds.to_table(columns=["_row_last_updated_at_version"], filter=where).column(0)
+    return None if len(col) == 0 else int(pc.max(col).as_py())
 
 
 def dataset_size(ds: lance.LanceDataset) -> int:
