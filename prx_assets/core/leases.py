@@ -33,6 +33,7 @@ from types import TracebackType
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.processes import gone_here
 from prx_assets.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -94,16 +95,6 @@ def lease_name(*parts: str) -> str:
     return "/".join(re.sub(r"[^A-Za-z0-9._-]", "_", p) or "_" for p in parts)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @dataclass(frozen=True)
 class Holder:
     """The latest generation of a lease, as read from the data root."""
@@ -120,7 +111,7 @@ class Holder:
     def stale(self, now: float | None = None) -> str | None:
         """Why this holder no longer holds the lease, or ``None`` while it does."""
         now = time.time() if now is None else now
-        if self.host == socket.gethostname() and self.pid != os.getpid() and not _pid_alive(self.pid):
+        if gone_here(self.host, self.pid):
             return f"its process {self.pid} on {self.host} is gone"
         if now - self.beat_at > self.ttl:
             return f"no heartbeat for {now - self.beat_at:.0f} s (ttl {self.ttl:.0f} s)"

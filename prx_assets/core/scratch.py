@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from prx_assets.core.processes import gone_here
+
 OWNER_SUFFIX = ".owner.json"
 
 
@@ -42,16 +44,6 @@ def release(path: Path) -> None:
     owner_file(path).unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def dead_owner(path: Path, max_age_hours: float | None = None) -> str | None:
     """Why ``path`` is a leftover (its process is gone on this host, or it is older than
     ``max_age_hours``), or ``None`` while its owner may still be using it."""
@@ -59,8 +51,7 @@ def dead_owner(path: Path, max_age_hours: float | None = None) -> str | None:
         owner = json.loads(owner_file(path).read_text())
     except (OSError, ValueError):
         owner = None
-    if owner is not None and owner.get("host") == socket.gethostname() and int(owner.get("pid", -1)) != os.getpid() \
-            and not _alive(int(owner.get("pid", -1))):
+    if owner is not None and gone_here(str(owner.get("host")), int(owner.get("pid", -1))):
         return f"its process {owner.get('pid')} on {owner.get('host')} is gone"
     if max_age_hours is not None:
         try:

@@ -17,7 +17,6 @@ Key columns are read one id range at a time (memory bounded by the range, not th
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import tempfile
@@ -37,6 +36,7 @@ from prx_assets.core.lab.maintenance import lance_tables
 from prx_assets.core.lab.sql import literal
 from prx_assets.core.lab.table import open_table
 from prx_assets.core.leases import list_leases, remove_generation
+from prx_assets.core.processes import pid_alive
 from prx_assets.core.scratch import dead_owner, release
 from prx_assets.defs.partitions import orphan_partitions
 from prx_assets.resources.storage import ProjectConfigResource
@@ -161,16 +161,6 @@ def check_leaked_folders(root: DataRoot, older_than_hours: float, repair: bool) 
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def check_stuck_runs(instance: dg.DagsterInstance, repair: bool) -> list[Finding]:
     """Runs of ``prx-assets run`` on this host left STARTED by a process that is gone."""
     out = []
@@ -179,7 +169,7 @@ def check_stuck_runs(instance: dg.DagsterInstance, repair: bool) -> list[Finding
         if run.tags.get(HOST_TAG) != host or not run.tags.get(PID_TAG, "").isdigit():
             continue
         pid = int(run.tags[PID_TAG])
-        if _alive(pid):
+        if pid_alive(pid):
             continue
         f = Finding("stuck_run", run.run_id, f"STARTED by process {pid} on {host}, which no longer exists")
         if repair:
