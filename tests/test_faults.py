@@ -5,6 +5,7 @@ clean run's; nothing is duplicated, half-published, left STARTED or leaked.
 (kill -9 during training is in tests/test_training.py: the next run adopts the job.)
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,13 +138,19 @@ def assert_clean(root: dict[str, Any]) -> None:
     assert not [p for p in root["tmp"].iterdir() if p.name.startswith(("prx-mds-", "prx-partition-"))]
     for folder in (root["data"] / "mds").glob("*/*"):  # every visible shard set is whole
         assert (folder / "manifest.json").is_file(), folder
-    env = {k: v for k, v in root["env"].items() if k == "DAGSTER_HOME"}
+    with _instance(root) as instance:
+        started = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+        assert not started, [r.run_id for r in started]
+
+
+@contextlib.contextmanager
+def _instance(root: dict[str, Any]) -> Iterator[dg.DagsterInstance]:
+    """The Dagster instance of a root's ``DAGSTER_HOME`` (this process's own is restored after)."""
     old = os.environ.get("DAGSTER_HOME")
-    os.environ.update(env)
+    os.environ["DAGSTER_HOME"] = str(root["home"])
     try:
         with dg.DagsterInstance.get() as instance:
-            started = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
-            assert not started, [r.run_id for r in started]
+            yield instance
     finally:
         if old is None:
             os.environ.pop("DAGSTER_HOME", None)
@@ -198,23 +206,15 @@ def test_cli_runs_and_a_ui_backfill_at_once_equal_a_single_run(project: dict[str
             assert p.returncode == 0, out[-3000:]
         ran = [line.split(":")[0].split("] ", 1)[1] for o in outs for line in o.splitlines() if line.startswith("[")]
         assert max(ran.count(r) for r in ran) >= 2  # they overlapped: a partition was run by two processes
-        old = os.environ.get("DAGSTER_HOME")
-        os.environ["DAGSTER_HOME"] = str(root["home"])
-        try:
-            with dg.DagsterInstance.get() as instance:
-                def done() -> Any:
-                    b = instance.get_backfill(backfill_id)
-                    return b if b.status.value not in ("REQUESTED", "CANCELING", "FAILING") else None
+        with _instance(root) as instance:
+            def done() -> Any:
+                b = instance.get_backfill(backfill_id)
+                return b if b.status.value not in ("REQUESTED", "CANCELING", "FAILING") else None
 
-                final = wait_for(done, 600, f"backfill {backfill_id}", every=2)
-                runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
-                assert final.status.value == "COMPLETED_SUCCESS" and runs, final.status
-                assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), [r.status for r in runs]
-        finally:
-            if old is None:
-                os.environ.pop("DAGSTER_HOME", None)
-            else:
-                os.environ["DAGSTER_HOME"] = old
+            final = wait_for(done, 600, f"backfill {backfill_id}", every=2)
+            runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+            assert final.status.value == "COMPLETED_SUCCESS" and runs, final.status
+            assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), [r.status for r in runs]
     # The backfill ran image_embeddings as one run over all batches (its backfill policy): Dagster
     # gives such a run one data version for every partition, so the lab may look stale once; its
     # re-sync changes nothing, and then nothing is left to do.

@@ -75,10 +75,13 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
     with Lease(root, lease_name(out_name, key, batch)) as lease:
         result = _enrich_batch(root, batch, out_name, out_schema, key_col, key, payload_cols, compute_factory,
                                chunk, commit_every, progress, lease)
-        out = open_table(table_uri(root, out_name), root.storage_options())
-        if out is not None:
-            result.partition_version = partition_row_version(out, where_all(where_eq(key_col, key),
-                                                                              where_eq("batch", batch)))
+        if result.changed:  # its last commit wrote this partition's newest rows
+            result.partition_version = result.version
+        else:  # another run may have written them: read when (a scan of the partition's rows)
+            out = open_table(table_uri(root, out_name), root.storage_options())
+            if out is not None:
+                result.partition_version = partition_row_version(out, where_all(where_eq(key_col, key),
+                                                                                  where_eq("batch", batch)))
     result.lease_wait_seconds = round(lease.waited, 3)
     return result
 

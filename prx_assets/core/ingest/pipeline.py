@@ -70,7 +70,7 @@ class IngestResult:
     warning_examples: list[dict[str, str]] = field(default_factory=list)
     #: Seconds spent waiting for another writer of this batch to finish (its lease).
     lease_wait_seconds: float = 0.0
-    #: The images table version that last wrote a row of this batch.
+    #: The images table version that last wrote a row of this batch (read when this run wrote nothing).
     partition_version: int | None = None
     #: Stored images per format (``jpeg``, ``png``, ``webp``) and lossless ones per reason.
     stored_formats: dict[str, int] = field(default_factory=dict)
@@ -285,8 +285,9 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
     result.lease_wait_seconds = round(lease.waited, 3)
     result.images_version = written.version
     result.rejects_version = rej_written.version
-    images = open_table(result.images_uri, opts)
-    result.partition_version = partition_row_version(images, where_eq("batch", batch)) if images is not None else None
+    if written.inserted + written.updated + written.deleted == 0:  # only then is it needed (a scan of the batch)
+        images = open_table(result.images_uri, opts)
+        result.partition_version = partition_row_version(images, where_eq("batch", batch)) if images else None
     result.inserted, result.updated, result.deleted = written.inserted, written.updated, written.deleted
     result.rejects = dict(sorted(reasons.items()))
     result.buckets = dict(sorted(buckets.items()))
