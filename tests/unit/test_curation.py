@@ -175,3 +175,26 @@ def test_shard_set_with_one_sub_stream_per_bucket(lab) -> None:
         release_shared_memory(part)
     again = write_shard_set(root, ds, recipe, manifest, ids, [], ShardSettings(by_bucket=True, workers=2))
     assert again == m  # already published: reused, not rewritten
+
+
+def test_embedding_dedup_above_the_exact_size_holds_projections_not_vectors(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past EMBEDDING_EXACT_BELOW survivors, curation streams the vectors into their projection and
+    takes the candidates' full vectors by row id: the same subset as the in-memory inverted file."""
+    import prx_assets.core.curate.selection as selection
+    from prx_assets.core.curate.dedup import near_duplicates_embedding
+
+    n, dim = 3_000, 320
+    rng = np.random.default_rng(21)
+    vecs = rng.standard_normal((n, dim)).astype(np.float32)
+    vecs[1::10] = vecs[0::10][: len(vecs[1::10])] + 0.05 * rng.standard_normal((len(vecs[1::10]), dim)).astype(np.float32)
+    ids = [f"{i:08x}" for i in range(n)]
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), dim)
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"image_id": ids, "emb": emb}), uri, max_rows_per_file=700)
+    order = rng.permutation(n)  # curation's order (by resolution), not the table's
+    wanted = pa.array([ids[i] for i in order])
+    monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
+    keep = selection.embedding_keep(lance.dataset(uri), "emb", None, wanted, 0.97)
+    expected = near_duplicates_embedding(vecs[order], 0.97, exact_below=0)
+    assert 200 < n - int(keep.sum()) and keep.tolist() == expected

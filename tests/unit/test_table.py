@@ -63,3 +63,29 @@ def test_a_new_partition_is_appended_once_and_a_second_writer_merges(tmp_path: P
     replace_partition(uri, schema, "batch", "b2", other)
     ids = lance.dataset(uri).to_table(columns=["image_id"]).column(0).to_pylist()
     assert sorted(ids) == ["a", "b", "c", "d"]
+
+
+def test_claims_decide_appends_without_counting_and_tables_without_the_marker_still_count(tmp_path: Path) -> None:
+    """A table created with claims appends a newly claimed partition without reading the partition
+    index; a table created before claims (no marker) counts the partition first, so an unclaimed
+    partition that already holds rows is merged, never appended twice."""
+    import lance
+
+    from prx_assets.core.lab.table import replace_partition
+
+    schema = pa.schema([("image_id", pa.string()), ("batch", pa.string()), ("v", pa.int64())])
+
+    def part(batch: str, *keys: str) -> list[pa.RecordBatch]:
+        return [pa.RecordBatch.from_pylist([{"image_id": k, "batch": batch, "v": 1} for k in keys], schema=schema)]
+
+    uri = str(tmp_path / "t.lance")
+    replace_partition(uri, schema, "batch", "b1", part("b1", "a", "b"))
+    assert (tmp_path / ".t.lance.appended" / ".every-partition-claimed").exists()
+    again = replace_partition(uri, schema, "batch", "b1", part("b1", "a", "b"))  # claim taken: count, equal
+    assert (again.inserted, again.updated, again.deleted) == (0, 0, 0)
+
+    legacy = str(tmp_path / "old.lance")
+    lance.write_dataset(pa.Table.from_batches(part("b1", "a", "b")), legacy, enable_stable_row_ids=True)
+    moved = replace_partition(legacy, schema, "batch", "b1", part("b1", "a", "c"))  # unclaimed but stored
+    assert (moved.inserted, moved.deleted) == (1, 1)
+    assert sorted(lance.dataset(legacy).to_table(columns=["image_id"]).column(0).to_pylist()) == ["a", "c"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -224,8 +224,21 @@ def embedding_pairs(vectors: np.ndarray, threshold: float, exact_below: int = EM
     if unit.shape[1] > 2 * EMBEDDING_PROJECTED_DIM:
         # Candidates are found in a random projection (cosines move by a few hundredths there,
         # so a looser threshold keeps every true pair); each is then checked in full.
-        space = _project(unit, EMBEDDING_PROJECTED_DIM, rng, chunk)
+        space = _project(unit, projection_matrix(unit.shape[1], rng), chunk)
         loose = threshold - projection_margin(threshold, EMBEDDING_PROJECTED_DIM)
+    pairs = _ivf_pairs(space, loose, probes, chunk, rng)
+    if space is not unit and len(pairs):  # the candidates, checked on the full vectors
+        ok = np.concatenate([np.einsum("ij,ij->i", unit[pairs[a:a + chunk, 0]], unit[pairs[a:a + chunk, 1]])
+                             for a in range(0, len(pairs), chunk)]) >= threshold
+        pairs = pairs[ok]
+    return valid[pairs[:, 0]], valid[pairs[:, 1]]
+
+
+def _ivf_pairs(space: np.ndarray, threshold: float, probes: int, chunk: int,
+               rng: np.random.Generator) -> np.ndarray:
+    """``(i, j)`` rows, ``j < i``, of unit rows ``space`` with cosine >= ``threshold`` found by the
+    inverted file (see :func:`embedding_pairs`), unique, as an ``m x 2`` array."""
+    n = len(space)
     k = max(2, min(n // 8, int(math.sqrt(probes * n))))
     cents = _centroids(space, k, rng, iters=6, chunk=chunk)
     probes = min(probes, k)
@@ -241,19 +254,66 @@ def embedding_pairs(vectors: np.ndarray, threshold: float, exact_below: int = EM
     home_starts = np.searchsorted(home[by_home], np.arange(k + 1))
     by_probe = np.argsort(near.ravel(), kind="stable")
     probe_starts = np.searchsorted(near.ravel()[by_probe], np.arange(k + 1))
+    del near
     found_q: list[np.ndarray] = []
     found_m: list[np.ndarray] = []
     for c in range(k):
         members = by_home[home_starts[c]:home_starts[c + 1]]  # ascending: the sort is stable
         queries = by_probe[probe_starts[c]:probe_starts[c + 1]] // probes
-        qi, mi = _pairs_between(space, queries, members, loose, chunk)
+        qi, mi = _pairs_between(space, queries, members, threshold, chunk)
         found_q.append(qi)
         found_m.append(mi)
-    pairs = np.unique(np.stack([np.concatenate(found_q), np.concatenate(found_m)], axis=1), axis=0)
-    if space is not unit and len(pairs):  # the candidates, checked on the full vectors
-        ok = np.concatenate([np.einsum("ij,ij->i", unit[pairs[a:a + chunk, 0]], unit[pairs[a:a + chunk, 1]])
-                             for a in range(0, len(pairs), chunk)]) >= threshold
-        pairs = pairs[ok]
+    return np.unique(np.stack([np.concatenate(found_q), np.concatenate(found_m)], axis=1), axis=0)
+
+
+def projection_matrix(dim: int, rng: np.random.Generator, dims: int = EMBEDDING_PROJECTED_DIM) -> np.ndarray:
+    """The Gaussian random projection ``dim -> dims`` (float32) the inverted file searches in."""
+    return (rng.standard_normal((dim, dims)) / math.sqrt(dims)).astype(np.float32)
+
+
+def project_rows(block: np.ndarray, proj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For raw vectors ``block``: which rows are finite and non-zero, and those rows scaled to unit
+    length, projected through ``proj`` and scaled to unit length again (float32)."""
+    b = np.asarray(block, dtype=np.float32)
+    good = np.isfinite(b).all(axis=1) & (np.abs(b).sum(axis=1) > 0)
+    u = b[good]
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    p = u @ proj
+    p /= np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1e-12)
+    return good, p
+
+
+def projected_pairs(space: np.ndarray, ok: np.ndarray, threshold: float,
+                    fetch: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator,
+                    probes: int = EMBEDDING_PROBES, chunk: int = EMBEDDING_CHUNK,
+                    verify_rows: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`embedding_pairs` for vectors too large to hold: ``space`` holds every row's projection
+    (:func:`project_rows` with :func:`projection_matrix` drawn first from ``rng``; rows where ``ok``
+    is false are ignored), and ``fetch(rows)`` returns the raw vectors of the given rows. Candidates
+    are found in the projection and checked on full vectors fetched ``verify_rows`` at a time, so
+    memory holds the projection (512 bytes a row) and one block, never every full vector. Finds the
+    same pairs as :func:`embedding_pairs` with the same seed.
+
+    ``space`` is compacted in place (its valid rows moved to the front)."""
+    valid = np.flatnonzero(ok)
+    for a in range(0, len(valid), chunk):  # in place: each chunk reads rows at or after the ones it writes
+        take = valid[a:a + chunk]
+        space[a:a + len(take)] = space[take]
+    space = space[:len(valid)]
+    if len(valid) < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    loose = threshold - projection_margin(threshold, space.shape[1])
+    pairs = _ivf_pairs(space, loose, probes, chunk, rng)
+    keep = np.zeros(len(pairs), dtype=bool)
+    step = max(1, verify_rows // 2)
+    for a in range(0, len(pairs), step):  # each block fetches at most ``verify_rows`` full vectors
+        block = pairs[a:a + step]
+        rows = np.unique(block)
+        full = np.asarray(fetch(valid[rows]), dtype=np.float32)
+        full /= np.linalg.norm(full, axis=1, keepdims=True)
+        i, j = np.searchsorted(rows, block[:, 0]), np.searchsorted(rows, block[:, 1])
+        keep[a:a + len(block)] = np.einsum("ij,ij->i", full[i], full[j]) >= threshold
+    pairs = pairs[keep]
     return valid[pairs[:, 0]], valid[pairs[:, 1]]
 
 
@@ -267,10 +327,9 @@ def projection_margin(threshold: float, dims: int) -> float:
     return 6 * (1 - threshold ** 2) / math.sqrt(dims) + 0.01
 
 
-def _project(unit: np.ndarray, dims: int, rng: np.random.Generator, chunk: int) -> np.ndarray:
-    """Rows of ``unit`` through a Gaussian random projection to ``dims``, scaled to unit length again."""
-    proj = (rng.standard_normal((unit.shape[1], dims)) / math.sqrt(dims)).astype(np.float32)
-    out = np.empty((len(unit), dims), dtype=np.float32)
+def _project(unit: np.ndarray, proj: np.ndarray, chunk: int) -> np.ndarray:
+    """Rows of ``unit`` through the projection ``proj``, scaled to unit length again."""
+    out = np.empty((len(unit), proj.shape[1]), dtype=np.float32)
     for a in range(0, len(unit), chunk):
         block = unit[a:a + chunk] @ proj
         out[a:a + chunk] = block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)

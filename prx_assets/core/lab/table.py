@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lab.sql import chunks, where_eq, where_in
+from prx_assets.core.lab.sql import where_eq
 from prx_assets.core.scratch import make_scratch, reap, release
 from prx_assets.errors import StorageError
 
@@ -67,6 +67,7 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
     parent, _, name = uri.rstrip("/").rpartition("/")
     marker_root = DataRoot(parent)
     if marker_root.write_new(f".{name}.creating", b"1"):
+        marker_root.write_bytes(_claims_marker(name), b"1")  # every partition of this table is claimed
         return lance.write_dataset(schema.empty_table(), uri, schema=schema, mode="create",
                                    storage_options=storage_options, enable_stable_row_ids=True)
     deadline = time.monotonic() + wait_seconds
@@ -168,19 +169,22 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
                 part = b.select([key, *cols]).to_pydict()
                 for i, k in enumerate(part[key]):
                     new_keys[k] = tuple(part[c][i] for c in cols)
+        if new_keys and _claims_complete(uri) and _claim_append(uri, partition_value):
+            # A table created with claims: the first claim of a partition proves it holds no rows, so
+            # the partition's rows are not even counted (the count reads the partition index, which
+            # grows with the table).
+            return _append_spool(uri, schema, spool, len(new_keys), storage_options)
         stored = ds.count_rows(filter=where_eq(partition_column, partition_value)) if ds.count_rows() else 0
         if stored == 0 and not new_keys:
             return WriteResult(version=ds.version, inserted=0, updated=0, deleted=0)
-        if stored == 0 and not _any_key_exists(ds, key, list(new_keys)) and _claim_append(uri, partition_value):
-            # A new partition whose keys are nowhere in the table: an append, whose cost does not
-            # grow with the table (a merge joins against every key of it). Only the writer that
-            # claims the partition first appends; a concurrent one merges (no duplicate keys).
-            with pa.memory_map(spool) as source:
-                reader = pa.ipc.open_file(source)
-                stream = pa.RecordBatchReader.from_batches(
-                    schema, (reader.get_batch(i) for i in range(reader.num_record_batches)))
-                out = lance.write_dataset(stream, uri, schema=schema, mode="append", storage_options=storage_options)
-            return WriteResult(version=out.version, inserted=len(new_keys), updated=0, deleted=0)
+        if stored == 0 and _claim_append(uri, partition_value):
+            # A new partition: an append, whose cost does not grow with the table (a merge joins
+            # against every key of it). Only the writer that claims the partition first appends; a
+            # concurrent one merges (no duplicate keys). Its keys are not looked up in the rest of
+            # the table: random keys touch nearly every page of the key's index (5,000 keys read
+            # 18 MB of it at 1M rows, 180 MB at 10M), and discovery already puts each unit in one
+            # batch only, so a key is in one partition by construction (`prx-assets doctor` checks).
+            return _append_spool(uri, schema, spool, len(new_keys), storage_options)
         if _partition_equals(ds, partition_column, partition_value, key, cols, new_keys):
             return WriteResult(version=ds.version, inserted=0, updated=0, deleted=0)
         builder = ds.merge_insert(key)
@@ -217,16 +221,32 @@ def _partition_equals(ds: lance.LanceDataset, partition_column: str, partition_v
     return seen == len(new)
 
 
+def _append_spool(uri: str, schema: pa.Schema, spool: str, rows: int,
+                  storage_options: dict[str, str] | None) -> WriteResult:
+    """Append the spooled rows as one commit."""
+    with pa.memory_map(spool) as source:
+        reader = pa.ipc.open_file(source)
+        stream = pa.RecordBatchReader.from_batches(
+            schema, (reader.get_batch(i) for i in range(reader.num_record_batches)))
+        out = lance.write_dataset(stream, uri, schema=schema, mode="append", storage_options=storage_options)
+    return WriteResult(version=out.version, inserted=rows, updated=0, deleted=0)
+
+
+def _claims_marker(name: str) -> str:
+    return f".{name}.appended/.every-partition-claimed"
+
+
+def _claims_complete(uri: str) -> bool:
+    """Whether the table was created with claims (then no partition was ever written unclaimed)."""
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    return DataRoot(parent).exists(_claims_marker(name))
+
+
 def _claim_append(uri: str, partition_value: str) -> bool:
     """Create-if-absent ``.<table>.appended/<partition>`` beside the table: whether this writer may
     append the partition (the first one to ask; every later or concurrent writer merges)."""
     parent, _, name = uri.rstrip("/").rpartition("/")
     return DataRoot(parent).write_new(f".{name}.appended/{partition_value}", b"1")
-
-
-def _any_key_exists(ds: lance.LanceDataset, key: str, keys: Sequence[str]) -> bool:
-    """Whether any of ``keys`` is in the table (looked up in chunks, by the key's index when it has one)."""
-    return any(ds.count_rows(filter=where_in(key, part)) for part in chunks(keys, 4096))
 
 
 def _conform(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
