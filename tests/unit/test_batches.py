@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from prx_assets.core import layout
 from prx_assets.core.config.project import SourceConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import (
@@ -226,3 +227,49 @@ def test_an_index_from_before_hash_files_gets_them_on_the_next_discovery(tmp_pat
     monkeypatch.setattr(batches.BatchManifest, "from_bytes",
                         classmethod(lambda cls, data: parsed.append(1) or real(data)))
     assert batches.manifest_hashes(root, "photos") == truth and not parsed
+
+
+def test_an_s3_prefix_is_listed_after_its_cursor_and_fully_once_a_period(tmp_path: Path, s3_env: dict[str, str],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between full listings an S3 source lists only keys after the last one listed (StartAfter):
+    a drop under later keys is found at its cost; one under earlier keys waits for the next full
+    listing (or ``discover --full``), which also reports objects that changed in place."""
+    import boto3
+
+    bucket = s3_env["BUCKET"]
+    s3 = boto3.client("s3")
+    for key in ("in/2026-11-01/a.jpg", "in/2026-11-01/b.jpg", "in/2026-11-01/notes.txt"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    cfg = SourceConfig(name="pub", kind="s3", location=f"s3://{bucket}/in/", batch_size=10)
+    root = DataRoot(str(tmp_path / "root"))
+    assert discover(cfg, reader_for(cfg), root).new_units == 2
+    state = json.loads(root.read_bytes(f"{layout.batches_dir('pub')}/_listing.json"))
+    assert state["start_after"] == "in/2026-11-01/notes.txt"  # the last key listed, wanted or not
+
+    listed: list[dict] = []
+    reader = reader_for(cfg)
+    real = reader.s3.get_paginator
+
+    def spy(name: str):  # records the listing's arguments
+        pager = real(name)
+        orig = pager.paginate
+
+        def paginate(**kw):
+            listed.append(kw)
+            return orig(**kw)
+
+        pager.paginate = paginate
+        return pager
+
+    monkeypatch.setattr(reader.s3, "get_paginator", spy)
+    s3.put_object(Bucket=bucket, Key="in/2026-11-02/c.jpg", Body=b"x")
+    s3.put_object(Bucket=bucket, Key="in/2026-10-31/early.jpg", Body=b"x")  # sorts before the cursor
+    rep = discover(cfg, reader, root)
+    assert rep.new_units == 1 and listed[-1]["StartAfter"] == "in/2026-11-01/notes.txt"
+    assert [u.key for u in load_manifest(root, rep.new_batches[0]).units] == [f"s3://{bucket}/in/2026-11-02/c.jpg"]
+
+    monkeypatch.setenv("PRX_S3_FULL_LISTING_HOURS", "0")  # a full listing is due
+    rep = discover(cfg, reader, root)
+    assert rep.new_units == 1 and "StartAfter" not in listed[-1]
+    assert [u.key for u in load_manifest(root, rep.new_batches[0]).units] == [
+        f"s3://{bucket}/in/2026-10-31/early.jpg"]

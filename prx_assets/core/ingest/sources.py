@@ -89,6 +89,7 @@ class SourceReader:
         self.config = config
         self._s3_factory = s3_client or (lambda: ObjectStoreSettings.from_env().boto3_client())
         self._client: Any = None
+        self.last_listed_key: str | None = None  # of the last S3 listing
 
     @property
     def s3(self) -> Any:
@@ -140,14 +141,19 @@ class SourceReader:
                 raise SourceError(f"source {self.config.name!r}: cannot read {location}: {e}") from e
         return Path(location).read_bytes()
 
-    def _list_s3(self, uri: str, want: Callable[[str], bool]) -> list[Unit]:
+    def _list_s3(self, uri: str, want: Callable[[str], bool], start_after: str | None = None) -> list[Unit]:
+        """The wanted objects below ``uri`` (after the key ``start_after`` if given), sorted; the last
+        key listed, wanted or not, is left in ``self.last_listed_key``."""
         bucket, prefix = split_s3(uri)
         units = []
+        self.last_listed_key = None
+        args = {"Bucket": bucket, "Prefix": prefix, **({"StartAfter": start_after} if start_after else {})}
         try:
             paginator = self.s3.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for page in paginator.paginate(**args):
                 for obj in page.get("Contents", []):
                     key = obj["Key"]
+                    self.last_listed_key = key
                     if want(key):
                         units.append(Unit(key=f"s3://{bucket}/{key}", size=int(obj["Size"]),
                                           stamp=str(obj.get("ETag", "")).strip('"')))
@@ -279,6 +285,10 @@ class FolderReader(SourceReader):
         return Path(uri).read_bytes()
 
 
+#: Hours between full listings of an S3 prefix (between them, only keys after the last one listed).
+S3_FULL_LISTING_HOURS = 24.0
+
+
 class S3PrefixReader(SourceReader):
     """An ``s3://bucket/prefix``: every object below it with a wanted extension."""
 
@@ -286,6 +296,23 @@ class S3PrefixReader(SourceReader):
 
     def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
         return self._list_s3(self.config.location, self._wants)
+
+    def list_new(self, known_files: Mapping[str, str],
+                 state: Mapping[str, Any] | None) -> tuple[list[Unit], dict[str, Any] | None]:
+        """Objects after the last key listed (S3 lists keys in order: ``start_after`` skips every
+        key at or before it without listing it), so a drop under keys that sort last (dated or
+        numbered prefixes, the usual layout) costs the new objects, not the prefix. Objects added
+        under keys that sort earlier are found by the full listing every ``S3_FULL_LISTING_HOURS``
+        (``PRX_S3_FULL_LISTING_HOURS``; 0: every time) or by ``discover --full``."""
+        prev = dict(state or {})
+        cursor, full_at = prev.get("start_after"), float(prev.get("full_at", 0.0))
+        every = float(os.environ.get("PRX_S3_FULL_LISTING_HOURS", S3_FULL_LISTING_HOURS)) * 3600
+        now = time.time()
+        if cursor is None or now - full_at >= every:
+            units = self._list_s3(self.config.location, self._wants)
+            return units, {"start_after": self.last_listed_key or cursor, "full_at": now}
+        units = self._list_s3(self.config.location, self._wants, start_after=str(cursor))
+        return units, {"start_after": self.last_listed_key or cursor, "full_at": full_at}
 
     def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
         uri = unit.key
