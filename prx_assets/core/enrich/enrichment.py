@@ -4,7 +4,9 @@ For a batch and an output key (a captioner id or an embedder id), only images wi
 an output for their current content (``image_id`` + ``sha256``) are processed. Identical
 content is computed once: duplicates inside the batch share the result, and outputs
 already stored for the same ``sha256`` under the same key are reused. Results are
-committed every ``commit_every`` images, so an interrupted run resumes where it stopped.
+committed every ``commit_every`` images, so an interrupted run resumes where it stopped: outputs of
+images that have none under the key yet are appended (the commit does not grow with the table),
+and only outputs replacing one for older content are merged on ``(key, image_id)``.
 Nothing is read or loaded (no model) when nothing is missing.
 """
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from PIL import Image
 
 from prx_assets.core.config.storage import DataRoot
@@ -107,6 +110,7 @@ def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Sche
                             filter=where_all(where_eq(key_col, key), where_eq("batch", batch)))
         done = set(zip(have.column("image_id").to_pylist(), have.column("sha256").to_pylist(),
                        strict=True))
+    present = pa.array(sorted({image_id for image_id, _ in done}), pa.string())  # ids with an output
     missing = [r for r in rows if (r["image_id"], r["sha256"]) not in done]
     result.missing = len(missing)
     if not missing:
@@ -138,8 +142,15 @@ def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Sche
             return
         table = pa.Table.from_pylist(pending, schema=out_schema)
         lease.check()
-        (out_ds.merge_insert([key_col, "image_id"]).when_matched_update_all()
-         .when_not_matched_insert_all().execute(table))
+        # Images with no output under this key yet are appended (a cost that does not grow with
+        # the table); only images whose content changed since their output replace a row by merge.
+        fresh = pc.invert(pc.is_in(table.column("image_id"), value_set=present))
+        if pc.any(fresh).as_py():
+            out_ds.insert(table.filter(fresh))
+        replaced = table.filter(pc.invert(fresh))
+        if replaced.num_rows:
+            (out_ds.merge_insert([key_col, "image_id"]).when_matched_update_all()
+             .when_not_matched_insert_all().execute(replaced))
         result.written += len(pending)
         result.changed = True
         pending = []
