@@ -91,15 +91,27 @@ def differs(current: pa.Array | pa.ChunkedArray, new: pa.Array | pa.ChunkedArray
     nxt = new.combine_chunks() if isinstance(new, pa.ChunkedArray) else new
     if pa.types.is_fixed_size_list(cur.type) or pa.types.is_fixed_size_list(nxt.type):
         n = len(cur)
-        a = vector_matrix(cur)
-        b = vector_matrix(nxt.cast(cur.type))
+        nxt = nxt.cast(cur.type)
         cn = np.asarray(cur.is_null())
         nn = np.asarray(nxt.is_null())
-        same_values = np.all((a == b) | (np.isnan(a) & np.isnan(b)), axis=1) if n else np.zeros(0, bool)
+        if not n:
+            same_values = np.zeros(0, bool)
+        elif pa.types.is_floating(cur.type.value_type) or pa.types.is_integer(cur.type.value_type):
+            same_values = np.all(_value_bits(cur) == _value_bits(nxt), axis=1)  # the stored bytes
+        else:
+            a, b = vector_matrix(cur), vector_matrix(nxt)
+            same_values = np.all((a == b) | (np.isnan(a) & np.isnan(b)), axis=1)
         return pa.array(np.where(cn | nn, cn != nn, ~same_values), pa.bool_())
     eq = pc.equal(cur, nxt)
     both_null = pc.and_(pc.is_null(cur), pc.is_null(nxt))
     return pc.and_not(pc.fill_null(pc.invert(eq), True), both_null)
+
+
+def _value_bits(arr: pa.FixedSizeListArray) -> np.ndarray:
+    """A fixed-size list of numbers as an ``n x dim`` matrix of their bit patterns (no conversion)."""
+    dim = arr.type.list_size
+    values = arr.values.slice(arr.offset * dim, len(arr) * dim).to_numpy(zero_copy_only=False)
+    return values.view(f"u{values.dtype.itemsize}").reshape(len(arr), dim)
 
 
 def vector_matrix(arr: pa.FixedSizeListArray | pa.ChunkedArray, dtype: type = np.float32) -> np.ndarray:
@@ -194,9 +206,19 @@ def compare_and_merge(images: lance.LanceDataset, column: str, field_type: pa.Da
                       values: pa.Table) -> int:
     """Rewrite ``images[column]`` for the ids of ``values`` whose value differs; return how many.
 
-    The lab's current values are read for these ids only (by the ``image_id`` index)."""
+    The lab's rows are read for these ids only (looked up by key, taken by row id). While the
+    rows are few enough to be rewritten whole (``ROWS_MODE_SHARE``), each slice of them is read
+    whole once, compared on ``column`` and its differing rows merged back: one read per row."""
     if values.num_rows == 0:
         return 0
+    if values.num_rows <= ROWS_MODE_SHARE * images.count_rows():
+        written = 0
+        names = images.schema.names
+        for part in _row_slices(images, values):
+            full = table_by_ids(images, part.column("image_id").to_pylist(), names).select(names)
+            changed = changed_values(column, field_type, part, full.select(["image_id", column]))
+            written += _merge_rows(images, column, changed, full)
+        return written
     ids = values.column("image_id").to_pylist()
     current = table_by_ids(images, ids, [column])
     return merge_changed(images, column, field_type, values, current)
@@ -239,28 +261,40 @@ def write_changed(images: lance.LanceDataset, column: str, changed: pa.Table) ->
     return changed.num_rows
 
 
+def _row_slices(images: lance.LanceDataset, rows: pa.Table) -> Iterator[pa.Table]:
+    """``rows`` in slices whose whole lab rows (with the slice's own bytes) hold ~``ROWS_MERGE_BYTES``."""
+    row_bytes = dataset_size(images) // max(1, images.count_rows())
+    step = max(16, ROWS_MERGE_BYTES // max(1, row_bytes + rows.nbytes // max(1, rows.num_rows)))
+    for start in range(0, rows.num_rows, step):
+        yield rows.slice(start, step)
+
+
+def _merge_rows(images: lance.LanceDataset, column: str, changed: pa.Table, full: pa.Table) -> int:
+    """Merge the lab rows ``full`` (every column) whose ids are in ``changed`` back with their new
+    ``column`` values from ``changed`` (``image_id``, ``column``). Returns the rows written."""
+    if changed.num_rows == 0:
+        return 0
+    full = full.filter(pc.is_in(full.column("image_id"), value_set=changed.column("image_id")))
+    order = pc.index_in(full.column("image_id"), value_set=changed.column("image_id"))
+    names = full.schema.names
+    full = full.set_column(names.index(column), images.schema.field(column), changed.column(column).take(order))
+    # The join by a scan of the key column, not by its index: on a table with rows outside the
+    # index and deletions inside it (every table after a few syncs), Lance's indexed merge path
+    # computes a deletion mask per fragment and measured 3-5x slower (0.42-0.67 s vs 0.14-0.16 s
+    # per merge of 2,000 rows into 1M); the scan reads 16 bytes per row of the table.
+    images.merge_insert("image_id").when_matched_update_all().use_index(False).execute(full)
+    return full.num_rows
+
+
 def _rewrite_rows(images: lance.LanceDataset, column: str, changed: pa.Table) -> None:
     """Rewrite the ``changed`` rows whole, with their new ``column`` values, a slice of
     ~``ROWS_MERGE_BYTES`` at a time (one merge, one scan of the key column, per slice). Rewritten
     rows move to new fragments, so every index stays valid for all other rows (rewriting a column
     in place would leave the column's indexes covering none of its fragments)."""
-    rows = max(1, images.count_rows())
-    row_bytes = dataset_size(images) // rows
-    step = max(16, ROWS_MERGE_BYTES // max(1, row_bytes + changed.nbytes // max(1, changed.num_rows)))
     names = images.schema.names
-    at = names.index(column)
-    for start in range(0, changed.num_rows, step):
-        part = changed.slice(start, step)
-        ids = part.column("image_id").to_pylist()
-        full = table_by_ids(images, ids, names).select(names)
-        pos = {image_id: i for i, image_id in enumerate(ids)}
-        order = pa.array([pos[i] for i in full.column("image_id").to_pylist()], pa.int64())
-        full = full.set_column(at, images.schema.field(column), part.column(column).take(order))
-        # The join by a scan of the key column, not by its index: on a table with rows outside the
-        # index and deletions inside it (every table after a few syncs), Lance's indexed merge path
-        # computes a deletion mask per fragment and measured 3-5x slower (0.42-0.67 s vs 0.14-0.16 s
-        # per merge of 2,000 rows into 1M); the scan reads 16 bytes per row of the table.
-        images.merge_insert("image_id").when_matched_update_all().use_index(False).execute(full)
+    for part in _row_slices(images, changed):
+        full = table_by_ids(images, part.column("image_id").to_pylist(), names).select(names)
+        _merge_rows(images, column, part, full)
 
 
 def fill_new_column(images: lance.LanceDataset, source: lance.LanceDataset, column: str, field_type: pa.DataType,
