@@ -12,6 +12,7 @@ nothing commits nothing (no new Lance version: identity follows content).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -169,7 +170,8 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
                 part = b.select([key, *cols]).to_pydict()
                 for i, k in enumerate(part[key]):
                     new_keys[k] = tuple(part[c][i] for c in cols)
-        if new_keys and _claims_complete(uri) and _claim_append(uri, partition_value):
+        claims_complete = bool(new_keys) and _claims_complete(uri)
+        if claims_complete and _claim_append(uri, partition_value):
             # A table created with claims: the first claim of a partition proves it holds no rows, so
             # the partition's rows are not even counted (the count reads the partition index, which
             # grows with the table).
@@ -177,7 +179,7 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
         stored = ds.count_rows(filter=where_eq(partition_column, partition_value)) if ds.count_rows() else 0
         if stored == 0 and not new_keys:
             return WriteResult(version=ds.version, inserted=0, updated=0, deleted=0)
-        if stored == 0 and _claim_append(uri, partition_value):
+        if stored == 0 and not claims_complete and _claim_append(uri, partition_value):  # lost above: merge
             # A new partition: an append, whose cost does not grow with the table (a merge joins
             # against every key of it). Only the writer that claims the partition first appends; a
             # concurrent one merges (no duplicate keys). Its keys are not looked up in the rest of
@@ -191,10 +193,7 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
         builder = builder.when_matched_update_all(f"NOT ({unchanged_if})" if unchanged_if else None)
         builder = builder.when_not_matched_insert_all()
         builder = builder.when_not_matched_by_source_delete(where_eq(partition_column, partition_value))
-        with pa.memory_map(spool) as source:
-            reader = pa.ipc.open_file(source)
-            stream = pa.RecordBatchReader.from_batches(
-                schema, (reader.get_batch(i) for i in range(reader.num_record_batches)))
+        with _spooled(spool, schema) as stream:
             stats = builder.execute(stream)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -224,12 +223,18 @@ def _partition_equals(ds: lance.LanceDataset, partition_column: str, partition_v
 def _append_spool(uri: str, schema: pa.Schema, spool: str, rows: int,
                   storage_options: dict[str, str] | None) -> WriteResult:
     """Append the spooled rows as one commit."""
-    with pa.memory_map(spool) as source:
-        reader = pa.ipc.open_file(source)
-        stream = pa.RecordBatchReader.from_batches(
-            schema, (reader.get_batch(i) for i in range(reader.num_record_batches)))
+    with _spooled(spool, schema) as stream:
         out = lance.write_dataset(stream, uri, schema=schema, mode="append", storage_options=storage_options)
     return WriteResult(version=out.version, inserted=rows, updated=0, deleted=0)
+
+
+@contextlib.contextmanager
+def _spooled(spool: str, schema: pa.Schema) -> Iterator[pa.RecordBatchReader]:
+    """The rows of an Arrow spool file, memory-mapped, as a stream of its batches."""
+    with pa.memory_map(spool) as source:
+        reader = pa.ipc.open_file(source)
+        yield pa.RecordBatchReader.from_batches(
+            schema, (reader.get_batch(i) for i in range(reader.num_record_batches)))
 
 
 def _claims_marker(name: str) -> str:
