@@ -27,12 +27,16 @@ def _cached(key: tuple[Any, ...], build: Any) -> Any:
 
 
 class CaptionerResource(dg.ConfigurableResource):
-    """Runs the captioners of models.yaml (Qwen3-VL through transformers, or vLLM)."""
+    """Runs the captioners of models.yaml (Qwen3-VL through transformers, vLLM, or an OpenAI-compatible server)."""
 
     device: str = Field(default="auto", description="auto (CUDA when available), cpu, cuda, cuda:1 ...")
     dtype: str | None = Field(default=None, description="Override every captioner's dtype.")
     batch_size: int | None = Field(default=None, description="Override every captioner's batch size.")
-    backend: str | None = Field(default=None, description="Override the backend: transformers or vllm.")
+    backend: str | None = Field(default=None, description="Override the backend: transformers, vllm or openai.")
+    server_url: str | None = Field(
+        default=None, description="backend openai: the OpenAI-compatible server (http://host:8000/v1) for every "
+                                  "captioner; use dg.EnvVar to take it from the environment.")
+    concurrency: int | None = Field(default=None, description="backend openai: requests in flight per captioner.")
     max_flagged_fraction: float = Field(
         default=0.25, description="caption_quality warns when more captions than this are flagged.")
     min_words: int = Field(default=5, description="Captions with fewer words are flagged too_short.")
@@ -46,6 +50,10 @@ class CaptionerResource(dg.ConfigurableResource):
             changes["batch_size"] = self.batch_size
         if self.backend:
             changes["backend"] = self.backend
+        if self.server_url:
+            changes["server_url"] = self.server_url
+        if self.concurrency:
+            changes["concurrency"] = self.concurrency
         return spec if not changes else type(spec)(**{**spec.__dict__, **changes})
 
     def load(self, spec: CaptionerSpec) -> Captioner:

@@ -4,14 +4,15 @@ A :class:`CaptionerSpec` names a model (hub id or local path), a prompt and gene
 settings. Its :meth:`~CaptionerSpec.captioner_id` hashes exactly what changes the words
 produced (model, prompts, generation settings, image resizing bounds), so captions from
 different captioners coexist and a changed prompt is a new captioner. Operational
-settings (batch size, dtype, device, backend) are not part of the id.
+settings (batch size, dtype, device, backend, server) are not part of the id.
 
 The transformers backend loads ``AutoProcessor`` + ``AutoModelForImageTextToText`` with
 ``from_pretrained`` — the same code loads ``Qwen/Qwen3-VL-8B-Instruct`` on a GPU machine
 and the tiny random checkpoints the tests build. Generation is batched with left
 padding through the checkpoint's chat template; on CUDA out-of-memory the batch is
 halved and retried. The vLLM backend (``pip install 'prx_assets[vllm]'``) is imported
-only when selected.
+only when selected. ``backend: openai`` sends the same requests to any OpenAI-compatible
+server (:mod:`prx_assets.core.models.served`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ DEFAULT_PROMPT = (
     "Describe this image in detail for a text-to-image training caption: the main subjects, "
     "their attributes and positions, the setting, lighting, colors, style and any visible text."
 )
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "vllm", "openai")
 
 
 class ModelLoadError(PrxError):
@@ -72,6 +73,13 @@ class CaptionerSpec:
     batch_size: int = 8
     dtype: str = "auto"
     backend: str = "transformers"
+    # backend: openai (see prx_assets.core.models.served); operational, not part of the id
+    server_url: str | None = None
+    served_model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    concurrency: int = 16
+    request_timeout_s: float = 600.0
+    max_retries: int = 5
 
     _IDENTITY = ("model", "prompt", "system_prompt", "max_new_tokens", "min_new_tokens", "do_sample",
                  "temperature", "top_p", "top_k", "repetition_penalty", "no_repeat_ngram_size",
@@ -370,6 +378,10 @@ def load_captioner(spec: CaptionerSpec, device: str = "auto") -> Captioner:
         return VLLMCaptioner(spec, device)
     if spec.backend == "transformers":
         return TransformersCaptioner(spec, device)
+    if spec.backend == "openai":
+        from prx_assets.core.models.served import OpenAICaptioner
+
+        return OpenAICaptioner(spec, device)
     raise ModelLoadError(f"captioner {spec.name!r}: unknown backend {spec.backend!r}; use one of {BACKENDS}")
 
 

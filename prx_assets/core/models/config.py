@@ -64,15 +64,19 @@ class ModelsConfig:
         return [c.captioner_id() for c in self.captioners]
 
 
+def _expand(value: str, cfg_path: Path, where: str) -> str:
+    try:
+        return expand_env(value)
+    except KeyError as e:
+        raise ConfigError(f"environment variable {e.args[0]} is not set", path=str(cfg_path), entry=where,
+                          fix=f"export {e.args[0]} or write ${{{e.args[0]}:-default}}") from None
+
+
 def _resolve_model(value: Any, cfg_path: Path, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError("missing 'model'", path=str(cfg_path), entry=where,
                           fix="set model: to a hub id (Qwen/Qwen3-VL-8B-Instruct) or a checkpoint folder")
-    try:
-        value = expand_env(value)
-    except KeyError as e:
-        raise ConfigError(f"environment variable {e.args[0]} is not set", path=str(cfg_path), entry=where,
-                          fix=f"export {e.args[0]} or write ${{{e.args[0]}:-default}}") from None
+    value = _expand(value, cfg_path, where)
     if looks_local(value) and not os.path.isabs(os.path.expanduser(value)):
         return str((cfg_path.parent / value).resolve())
     return os.path.expanduser(value) if value.startswith("~") else value
@@ -110,13 +114,18 @@ def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
                               fix=f"use only: {', '.join(sorted(allowed))}")
         values = dict(raw)
         values["model"] = _resolve_model(raw.get("model"), cfg_path, where)
+        for key in ("server_url", "served_model"):
+            if isinstance(values.get(key), str):
+                values[key] = _expand(values[key], cfg_path, where)
         spec = CaptionerSpec(**values)
         if spec.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {spec.backend!r}", path=spath, entry=where,
                               fix=f"use one of: {', '.join(BACKENDS)}")
-        if spec.max_new_tokens < 1 or spec.batch_size < 1:
-            raise ConfigError("max_new_tokens and batch_size must be >= 1", path=spath, entry=where,
-                              fix="use e.g. max_new_tokens: 256, batch_size: 8")
+        if spec.max_new_tokens < 1 or spec.batch_size < 1 or spec.concurrency < 1 or spec.max_retries < 0 \
+                or spec.request_timeout_s <= 0:
+            raise ConfigError("max_new_tokens, batch_size and concurrency must be >= 1, max_retries >= 0 and "
+                              "request_timeout_s > 0", path=spath, entry=where,
+                              fix="use e.g. max_new_tokens: 256, batch_size: 8, concurrency: 16")
         if any(s.captioner_id() == spec.captioner_id() or s.name == spec.name for s in specs):
             raise ConfigError("duplicate captioner (same name or same settings)", path=spath, entry=where,
                               fix="give each captioner a unique name and distinct settings")
