@@ -1,5 +1,6 @@
 """recaptions and image_embeddings: per-image model outputs for each ingest batch."""
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +13,7 @@ from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
 from prx_assets.defs.ingest import raw_images
 from prx_assets.defs.partitions import captioner_partitions, raw_batches, recaption_partitions
-from prx_assets.defs.remote import StageResources, register_stage, run_stage
+from prx_assets.defs.remote import StageResources, register_stage, run_stage, run_stages
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FINGERPRINTS_KEY,
@@ -80,6 +81,7 @@ def _enrich_metadata(res: EnrichResult, uri: str, fingerprint: str) -> dict[str,
         "lance_version": res.version if res.version is not None else -1,
         "seconds": round(res.seconds, 3),
         "model_seconds": round(res.compute_seconds, 3),
+        "model_load_seconds": round(res.load_seconds, 3),
         "images_per_second": round(res.computed / res.compute_seconds, 3) if res.compute_seconds else 0.0,
         FINGERPRINT_KEY: dg.MetadataValue.text(fingerprint),
     }
@@ -92,8 +94,11 @@ def recaption_stage(res: StageResources, key: str, log: Callable[[str], None]) -
     captioner = res.captioner or CaptionerResource()
 
     def factory() -> Any:
+        held, started = captioner.is_loaded(spec), time.perf_counter()
         loaded = captioner.load(spec)
-        log(f"loaded captioner {captioner_id} ({spec.model}) on {getattr(loaded, 'device', '?')}")
+        if not held:
+            log(f"loaded captioner {captioner_id} ({spec.model}) on {getattr(loaded, 'device', 'a server')} "
+                f"in {time.perf_counter() - started:.1f} s")
 
         def compute(images: Any) -> list[dict[str, Any]]:
             return [{"caption": r.text, "tokens": r.tokens, "seconds": r.seconds,
@@ -114,21 +119,32 @@ def embedding_stage(res: StageResources, key: str, log: Callable[[str], None]) -
     spec = models.embedder
     embedder = res.embedder or EmbedderResource()
     root = res.storage.root()
+    load_seconds = 0.0
+
+    def model() -> Any:
+        nonlocal load_seconds
+        if embedder.is_loaded(spec):
+            return embedder.load(spec)
+        started = time.perf_counter()
+        loaded = embedder.load(spec)
+        load_seconds = time.perf_counter() - started
+        log(f"loaded embedder {spec.embedder_id()} ({spec.model}) in {load_seconds:.1f} s")
+        return loaded
 
     def factory() -> Any:
-        model = embedder.load(spec)
-        log(f"loaded embedder {spec.embedder_id()} ({spec.model})")
+        loaded = model()
 
         def compute(images: Any) -> list[dict[str, Any]]:
-            return [{"embedding": v.tolist(), "model": spec.model} for v in model.embed(images)]
+            return [{"embedding": v.tolist(), "model": spec.model} for v in loaded.embed(images)]
         return compute
 
     name = embeddings_table(spec.embedder_id())
     existing = open_table(table_uri(root, name), root.storage_options())
-    dim = existing.schema.field("embedding").type.list_size if existing is not None else \
-        embedder.load(spec).dim
-    return enrich_batch(root, key, name, embeddings_schema(dim), "embedder_id", spec.embedder_id(),
-                        ["embedding", "model"], factory, chunk=max(1, spec.batch_size))
+    dim = existing.schema.field("embedding").type.list_size if existing is not None else model().dim
+    result = enrich_batch(root, key, name, embeddings_schema(dim), "embedder_id", spec.embedder_id(),
+                          ["embedding", "model"], factory, chunk=max(1, spec.batch_size))
+    result.load_seconds = load_seconds  # including a load for the first batch's vector size
+    return result
 
 
 register_stage("recaptions", recaption_stage, EnrichResult)
@@ -245,7 +261,7 @@ def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource
     name = embeddings_table(embedder_id)
     keys = list(context.partition_keys)
     resources = StageResources(storage=storage, project=project, embedder=embedder)
-    results = {pk: run_stage(context, slurm, "image_embeddings", pk, resources) for pk in keys}
+    results = run_stages(context, slurm, "image_embeddings", keys, resources)  # one process: one model load
     table = open_table(table_uri(root, name), root.storage_options())
     dim = table.schema.field("embedding").type.list_size if table is not None else 0
     fctx = FingerprintContext(root=root, sources=None, instance=context.instance, models=models)
@@ -256,7 +272,8 @@ def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource
     else:
         total = EnrichResult(batch=f"{keys[0]}..{keys[-1]}", key=embedder_id)
         for r in results.values():
-            for f in ("images", "missing", "computed", "reused", "written", "seconds", "compute_seconds"):
+            for f in ("images", "missing", "computed", "reused", "written", "seconds", "compute_seconds",
+                      "load_seconds"):
                 setattr(total, f, getattr(total, f) + getattr(r, f))
         total.version = table.version if table is not None else None
         md = _enrich_metadata(total, table_uri(root, name), "")

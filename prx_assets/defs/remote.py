@@ -2,11 +2,12 @@
 
 A stage is a function ``(StageResources, partition_key, log) -> result dataclass``, the whole
 work of one partition of ``raw_images``, ``recaptions`` or ``image_embeddings``. The asset
-calls :func:`run_stage`: in-process it calls the function directly; when the stage is listed
-in ``SlurmResource.stages`` it submits ``python -m prx_assets.stage_job STAGE KEY`` with the
-resources' settings, and the job reports the result back as a Pipes message. Either way the
-asset builds the same metadata and data version from the result, so a partition run on the
-cluster equals the in-process one.
+calls :func:`run_stage` (or :func:`run_stages` for a run over several partitions): in-process
+it calls the function directly; when the stage is listed in ``SlurmResource.stages`` it submits
+one job, ``python -m prx_assets.stage_job STAGE KEY [KEY ...]``, with the resources' settings;
+the job runs the partitions one after another (a model loads once) and reports each result
+back as a Pipes message. Either way the asset builds the same metadata and data version from
+the result, so a partition run on the cluster equals the in-process one.
 """
 
 import dataclasses
@@ -103,17 +104,29 @@ def result_from_dict(result_type: type, data: dict[str, Any]) -> Any:
 def run_stage(context: dg.AssetExecutionContext, slurm: SlurmResource, stage: str, partition_key: str,
               resources: StageResources) -> Any:
     """Run one partition of ``stage`` in-process or as a job, per ``slurm.stages``."""
+    return run_stages(context, slurm, stage, [partition_key], resources)[partition_key]
+
+
+def run_stages(context: dg.AssetExecutionContext, slurm: SlurmResource, stage: str, partition_keys: list[str],
+               resources: StageResources) -> dict[str, Any]:
+    """Run partitions of ``stage`` one after another, in-process or as one job (per ``slurm.stages``):
+    either way in one process, so a model loads once for all of them; a result per partition."""
     fn, result_type = STAGES[stage]
     if stage not in slurm.stages:
-        return fn(resources, partition_key, context.log.info)
+        return {pk: fn(resources, pk, context.log.info) for pk in partition_keys}
     payload = resources.to_json()
+    first = partition_keys[0]
+    name_parts = [stage, first] if len(partition_keys) == 1 else [stage, first, f"and-{len(partition_keys) - 1}"]
     invocation = slurm.pipes_client().run(
-        context=context, module=STAGE_MODULE, args=[stage, partition_key, "--resources", payload],
-        job_name=job_name_for(stage, partition_key), extras={"stage": stage, "partition_key": partition_key},
-        work_key=hashlib.sha256(f"{stage}\0{partition_key}\0{payload}".encode()).hexdigest()[:16])
-    results = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "result" in m]
-    if not results:
-        raise dg.Failure(f"{stage} job for {partition_key!r} ({invocation.metadata.get('job_id')}) finished without "
-                         "reporting a result; see its log")
-    context.log.info(f"{stage} {partition_key} ran as job {invocation.metadata.get('job_id')}")
-    return result_from_dict(result_type, results[-1]["result"])
+        context=context, module=STAGE_MODULE, args=[stage, *partition_keys, "--resources", payload],
+        job_name=job_name_for(*name_parts), extras={"stage": stage, "partition_keys": list(partition_keys)},
+        work_key=hashlib.sha256("\0".join([stage, *partition_keys, payload]).encode()).hexdigest()[:16])
+    results = {m["key"]: m["result"] for m in invocation.get_custom_messages()
+               if isinstance(m, dict) and "result" in m and "key" in m}
+    missing = [pk for pk in partition_keys if pk not in results]
+    if missing:
+        raise dg.Failure(f"{stage} job {invocation.metadata.get('job_id')} finished without reporting a result for "
+                         f"{missing[:5]}{' ...' if len(missing) > 5 else ''}; see its log")
+    context.log.info(f"{stage} {first}{' ...' if len(partition_keys) > 1 else ''} ran as job "
+                     f"{invocation.metadata.get('job_id')} ({len(partition_keys)} partitions, one process)")
+    return {pk: result_from_dict(result_type, results[pk]) for pk in partition_keys}

@@ -37,6 +37,8 @@ class CaptionerResource(dg.ConfigurableResource):
         default=None, description="backend openai: the OpenAI-compatible server (http://host:8000/v1) for every "
                                   "captioner; use dg.EnvVar to take it from the environment.")
     concurrency: int | None = Field(default=None, description="backend openai: requests in flight per captioner.")
+    server_api: str | None = Field(default=None, description="backend openai: vllm (vLLM, SGLang, LMDeploy) or "
+                                                             "transformers (transformers serve).")
     max_flagged_fraction: float = Field(
         default=0.25, description="caption_quality warns when more captions than this are flagged.")
     min_words: int = Field(default=5, description="Captions with fewer words are flagged too_short.")
@@ -54,12 +56,18 @@ class CaptionerResource(dg.ConfigurableResource):
             changes["server_url"] = self.server_url
         if self.concurrency:
             changes["concurrency"] = self.concurrency
+        if self.server_api:
+            changes["server_api"] = self.server_api
         return spec if not changes else type(spec)(**{**spec.__dict__, **changes})
 
     def load(self, spec: CaptionerSpec) -> Captioner:
         """The loaded captioner (cached per process)."""
         eff = self.effective(spec)
         return _cached(("captioner", eff, self.device), lambda: load_captioner(eff, self.device))
+
+    def is_loaded(self, spec: CaptionerSpec) -> bool:
+        """Whether this process already holds the captioner (``load`` returns at once)."""
+        return ("captioner", self.effective(spec), self.device) in _CACHE
 
 
 class EmbedderResource(dg.ConfigurableResource):
@@ -68,8 +76,15 @@ class EmbedderResource(dg.ConfigurableResource):
     device: str = Field(default="auto", description="auto (CUDA when available), cpu, cuda ...")
     batch_size: int | None = Field(default=None, description="Override the embedder's batch size.")
 
+    def _effective(self, spec: EmbedderSpec) -> EmbedderSpec:
+        return spec if not self.batch_size else EmbedderSpec(model=spec.model, name=spec.name,
+                                                             batch_size=self.batch_size, dtype=spec.dtype)
+
     def load(self, spec: EmbedderSpec) -> ImageEmbedder:
         """The loaded embedder (cached per process)."""
-        eff = spec if not self.batch_size else EmbedderSpec(model=spec.model, name=spec.name,
-                                                            batch_size=self.batch_size, dtype=spec.dtype)
+        eff = self._effective(spec)
         return _cached(("embedder", eff, self.device), lambda: ImageEmbedder(eff, self.device))
+
+    def is_loaded(self, spec: EmbedderSpec) -> bool:
+        """Whether this process already holds the embedder (``load`` returns at once)."""
+        return ("embedder", self._effective(spec), self.device) in _CACHE

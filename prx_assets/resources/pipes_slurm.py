@@ -126,7 +126,8 @@ class PipesSlurmClient(dg.PipesClient):
             if adopted is None:
                 exports = {**(env or {}), **session.get_bootstrap_env_vars()}
                 spec = self.slurm.job_spec(job_name=job_name, module=module, args=args, script_dir=job_dir,
-                                           exports=exports, training=training)
+                                           exports=exports, training=training,
+                                           stage=(extras or {}).get("stage"))
                 script = job_dir / "job.sbatch"
                 script.write_text(render_sbatch(self.slurm.template_text(), spec))
                 log_path = Path(spec.log_path)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # cluster's own environment / --export, not through a script written to disk).
 PASSTHROUGH_ENV = ("PRX_DATA_ROOT", "PRX_CONFIG_DIR", "PRX_CAPTIONER_MODEL", "PRX_EMBEDDER_MODEL",
                    "PRX_TEXT_ENCODER_MODEL", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
-                   "HF_HUB_OFFLINE", "HF_HOME", "TRANSFORMERS_OFFLINE")
+                   "HF_HUB_OFFLINE", "HF_HOME", "TRANSFORMERS_OFFLINE", "PRX_CAPTION_SERVER_URL")
 
 
 class SlurmResource(dg.ConfigurableResource):
@@ -55,6 +55,14 @@ class SlurmResource(dg.ConfigurableResource):
                                   "files (default $PRX_SLURM_SHARED_DIR, else <PRX_DATA_ROOT>/slurm for a local "
                                   "data root, else ./.slurm_jobs)")
     poll_seconds: float = Field(default=1.0, description="How often a job's state is polled.")
+    stage_gpus_per_node: int = Field(default=0, description="GPUs for stage jobs (recaptions and image_embeddings "
+                                                              "on GPU nodes: 1).")
+    caption_server: str | None = Field(
+        default=None, description="Command that starts an OpenAI-compatible server in each recaptions job, {port} "
+                                  "for its port, e.g. 'vllm serve Qwen/Qwen3-VL-8B-Instruct --port {port}'. The job "
+                                  "waits for its /health, captioners with backend openai use it, and it stops "
+                                  "when the job ends.")
+    caption_server_ready_s: int = Field(default=1800, description="How long a job waits for its caption server.")
     stages: list[str] = Field(
         default_factory=list, description="Pipeline stages whose partitions run as jobs instead of in-process: "
                                           "any of raw_images, recaptions, image_embeddings")
@@ -96,17 +104,21 @@ class SlurmResource(dg.ConfigurableResource):
         return executor_for(mode or self.effective_mode())
 
     def job_spec(self, *, job_name: str, module: str, args: Sequence[str], script_dir: Path,
-                 exports: Mapping[str, str], training: bool) -> JobSpec:
-        """The JobSpec of a job with this resource's settings (stages: 1 node, no GPUs unless set)."""
+                 exports: Mapping[str, str], training: bool, stage: str | None = None) -> JobSpec:
+        """The JobSpec of a job with this resource's settings (stages: 1 node, ``stage_gpus_per_node``
+        GPUs; a ``recaptions`` job starts ``caption_server`` when set)."""
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if os.environ.get(k)}
         env.update(exports)
         return JobSpec(
             job_name=job_name, log_path=str(script_dir / "job.log"), workdir=str(Path.cwd()),
             module=module, args=tuple(args), python=self.python or sys.executable,
-            nodes=self.nodes if training else 1, gpus_per_node=self.gpus_per_node if training else 0,
+            nodes=self.nodes if training else 1,
+            gpus_per_node=self.gpus_per_node if training else self.stage_gpus_per_node,
             cpus_per_task=self.cpus_per_task, time=self.time, partition=self.partition, account=self.account,
             mem=self.mem, extra_directives=tuple(self.extra_directives), env_setup=tuple(self.env_setup),
             exports=tuple(sorted(env.items())),
+            server_command=self.caption_server if stage == "recaptions" else None,
+            server_ready_s=self.caption_server_ready_s,
         )
 
     def pipes_client(self) -> "PipesSlurmClient":

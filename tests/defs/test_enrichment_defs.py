@@ -128,3 +128,49 @@ def test_lance_table_and_maintenance_job(ingested_batch: dict) -> None:
         assert tables["images"]["fragments_after"] <= tables["images"]["fragments_before"]
         assert defs.resolve_schedule_def("lance_maintenance_schedule").default_status == \
             dg.DefaultScheduleStatus.STOPPED
+
+
+def test_a_run_over_several_batches_is_one_job_with_one_model_load(tmp_path: Path, data_root: Path,
+                                                                   tiny_models: dict[str, str]) -> None:
+    """A ranged run of image_embeddings (a backfill with EMBED_PARTITIONS_PER_RUN) on the cluster is one job
+    that works through its batches in one process: the embedder loads for the first batch only, and
+    each batch still reports its own result, fingerprint and Lance version."""
+    from prx_assets.resources.slurm import SlurmResource
+
+    write_folder_corpus(tmp_path / "incoming", n=6, broken=False)
+    cfg = write_sources_yaml(tmp_path / "config", f"""
+sources:
+  - {{name: photos, kind: folder, path: {tmp_path / "incoming"}, batch_size: 2}}
+""")
+    (cfg.parent / "models.yaml").write_text(f"""
+captioners:
+  - {{name: detailed, model: {tiny_models["vl"]}, max_new_tokens: 4}}
+embedder: {{model: {tiny_models["siglip"]}, batch_size: 8}}
+""")
+    r = {"storage": StorageResource(data_root=str(data_root)), "project": ProjectConfigResource(config_dir=str(cfg.parent)),
+         "s3": defs.resources["s3"], "captioner": CaptionerResource(device="cpu"),
+         "embedder": EmbedderResource(device="cpu"),
+         "slurm": SlurmResource(mode="local", stages=["image_embeddings"], shared_dir=str(tmp_path / "jobs"))}
+    with dg.instance_for_test() as instance:
+        result = raw_batch_sensor(dg.build_sensor_context(instance=instance, resources=r))
+        for req in result.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        batches = instance.get_dynamic_partitions("raw_batches")
+        assert len(batches) == 3
+        for b in batches:
+            assert dg.materialize(ALL, selection=["raw_images"], instance=instance, resources=r, partition_key=b).success
+        res = dg.materialize(ALL, selection=["image_embeddings"], instance=instance, resources=r,
+                             tags={"dagster/asset_partition_range_start": batches[0],
+                                   "dagster/asset_partition_range_end": batches[-1]})
+        assert res.success
+        mats = res.asset_materializations_for_node("image_embeddings")
+        assert sorted(m.partition for m in mats) == sorted(batches)
+        md = mats[0].metadata
+        assert md["partitions_in_run"].value == 3 and md["computed"].value == 6
+        assert set(md["prx/fingerprints"].value) == set(batches)
+        assert md["model_load_seconds"].value > 0
+        logs = [e.user_message for e in instance.all_logs(res.run_id)]
+        assert sum("loaded embedder" in m for m in logs) == 1  # reported by the job through Pipes
+        assert all(any(f"running image_embeddings {b}" in m for m in logs) for b in batches)
+    jobs = list((tmp_path / "jobs").glob("prx-image_embeddings-*"))
+    assert len(jobs) == 1 and jobs[0].name.startswith(f"prx-image_embeddings-{batches[0]}-and-2")

@@ -71,3 +71,66 @@ def test_unknown_placeholder_and_bad_env_names_fail() -> None:
 
 def test_job_names_from_data_are_sanitised() -> None:
     assert job_name_for("train", "mix $(x); y") == "prx-train-mix___x___y"
+
+
+HEALTH_SERVER = '''
+import http.server, os, sys, time
+open("server.pid", "w").write(str(os.getpid()))
+time.sleep(float(os.environ.get("DELAY", "0")))
+if os.environ.get("CRASH"):
+    print("cannot load the model", flush=True); sys.exit(3)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers(); self.wfile.write(b"ok")
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+'''
+
+
+def _server_job(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    (tmp_path / "fake_serve.py").write_text(HEALTH_SERVER)
+    (tmp_path / "probe.py").write_text("import os, urllib.request\nurl = os.environ['PRX_JOB_CAPTION_SERVER_URL']\n"
+                                       "print(url, urllib.request.urlopen(url[:-3] + '/health').read().decode())\n")
+    spec = JobSpec(job_name="prx-recaptions-x", log_path=str(tmp_path / "job.log"), workdir=str(tmp_path),
+                   module="probe", python=sys.executable, server_ready_s=4,
+                   server_command=f"cd {tmp_path} && {sys.executable} fake_serve.py {{port}}")
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(DEFAULT_TEMPLATE.read_text(), spec))
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env={**os.environ, **env})
+
+
+def test_job_starts_its_caption_server_waits_for_it_and_stops_it(tmp_path: Path) -> None:
+    done = _server_job(tmp_path, DELAY="1.5")
+    assert done.returncode == 0, done.stderr
+    assert "caption server ready on port" in done.stdout
+    url = done.stdout.strip().splitlines()[-1].split()[0]
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/v1") and done.stdout.strip().endswith(" ok")
+    pid = int((tmp_path / "server.pid").read_text())
+    for _ in range(50):  # stopped by the job's exit trap
+        if not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text():
+            break
+        import time
+
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"caption server {pid} still running after the job")
+
+
+def test_job_fails_with_the_server_log_when_the_server_dies_or_never_answers(tmp_path: Path) -> None:
+    crashed = _server_job(tmp_path, CRASH="1")
+    assert crashed.returncode == 1 and "exited before it was ready" in crashed.stderr
+    assert "cannot load the model" in crashed.stderr
+    slow = _server_job(tmp_path, DELAY="30")
+    assert slow.returncode == 1 and "not ready after 4 s" in slow.stderr
+
+
+def test_caption_server_needs_a_port_and_the_placeholder() -> None:
+    spec = JobSpec(job_name="j", log_path="/tmp/j.log", workdir="/tmp", module="m", server_command="vllm serve m")
+    with pytest.raises(SlurmError, match=r"has no \{port\}"):
+        render_sbatch(DEFAULT_TEMPLATE.read_text(), spec)
+    spec = JobSpec(job_name="j", log_path="/tmp/j.log", workdir="/tmp", module="m",
+                   server_command="vllm serve m --port {port}")
+    with pytest.raises(SlurmError, match=r"no \{\{ server \}\} placeholder"):
+        render_sbatch(DEFAULT_TEMPLATE.read_text().replace("{{ server }}", ""), spec)

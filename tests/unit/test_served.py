@@ -49,6 +49,21 @@ def test_served_captions_equal_the_transformers_backend(server: str, tiny_models
     assert all(r.seconds > 0 and r.tokens > 0 for r in served)
 
 
+def test_generation_settings_reach_transformers_serve(server: str, tiny_models: dict[str, str]) -> None:
+    kw = {"name": "d", "model": tiny_models["vl"], "max_new_tokens": 16, "repetition_penalty": 1.3,
+          "no_repeat_ngram_size": 2}
+    images = mixed_images()
+    served = OpenAICaptioner(CaptionerSpec(**kw, backend="openai", server_url=server, concurrency=1,
+                                           server_api="transformers")).caption(images)
+    local = TransformersCaptioner(CaptionerSpec(**kw, batch_size=1), "cpu").caption(images)
+    assert [r.text for r in served] == [r.text for r in local]
+    plain = TransformersCaptioner(CaptionerSpec(name="d", model=tiny_models["vl"], max_new_tokens=16), "cpu")
+    assert [r.text for r in served] != [r.text for r in plain.caption(images)]  # the settings took effect
+    # A vLLM-style request cannot carry no_repeat_ngram_size: refused before any request.
+    with pytest.raises(CaptionServerError, match="no_repeat_ngram_size"):
+        OpenAICaptioner(CaptionerSpec(**kw, backend="openai", server_url=server))
+
+
 def test_requests_in_flight_keep_the_order(server: str, tiny_models: dict[str, str]) -> None:
     # One new token: transformers serve generates concurrent requests on one Qwen-VL model object,
     # whose rope state is shared between them, so only the first token is deterministic under load.
@@ -101,6 +116,8 @@ def test_request_body_and_pixel_bounds() -> None:
     assert not {"top_k", "repetition_penalty", "min_tokens", "seed"} & set(body)
     sampled = request_body(CaptionerSpec(name="d", model="m", do_sample=True, top_k=5, seed=3), "u")
     assert sampled["seed"] == 3 and sampled["top_k"] == 5 and sampled["top_p"] == 1.0
+    tf = request_body(CaptionerSpec(name="d", model="m", repetition_penalty=1.1, server_api="transformers"), "u")
+    assert "repetition_penalty" not in tf and '"repetition_penalty": 1.1' in tf["generation_config"]
     big = photo(2000, 1000, 1)
     w, h = fit_pixels(big, None, 500_000).size
     assert abs(w * h - 500_000) < 3_000 and abs(w / h - 2.0) < 0.01
@@ -118,4 +135,7 @@ def test_models_yaml_accepts_the_openai_backend(tmp_path: Path, monkeypatch: pyt
     assert spec.captioner_id() == CaptionerSpec(name="d", model="Qwen/Qwen3-VL-8B-Instruct").captioner_id()
     cfg.write_text("captioners:\n  - name: d\n    model: m\n    backend: openai\n    concurrency: 0\n")
     with pytest.raises(ConfigError, match="concurrency must be >= 1"):
+        load_models(cfg)
+    cfg.write_text("captioners:\n  - name: d\n    model: m\n    backend: openai\n    server_api: tgi\n")
+    with pytest.raises(ConfigError, match="unknown server_api 'tgi'"):
         load_models(cfg)

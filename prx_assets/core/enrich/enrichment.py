@@ -49,6 +49,8 @@ class EnrichResult:
     changed: bool = False
     seconds: float = 0.0
     compute_seconds: float = 0.0
+    #: Time spent getting the model ready (loading it; near zero when this process already holds it).
+    load_seconds: float = 0.0
     lease_wait_seconds: float = 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -182,7 +184,9 @@ def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Sche
         jpeg_by_id = dict(zip(t.column("image_id").to_pylist(), t.column("jpeg").to_pylist(), strict=True))
         pil = [Image.open(io.BytesIO(jpeg_by_id[i])).convert("RGB") for i in ids]
         if compute is None:
+            t0 = time.perf_counter()
             compute = compute_factory()
+            result.load_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         outputs = compute(pil)
         result.compute_seconds += time.perf_counter() - t0

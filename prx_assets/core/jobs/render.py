@@ -45,6 +45,10 @@ class JobSpec:
     exports: tuple[tuple[str, str], ...] = ()
     procs_per_node: int | None = None  # default: GPUs per node, at least 1
     rdzv_port: int = 29500
+    #: A shell command that starts an OpenAI-compatible caption server, ``{port}`` for its port
+    #: (see :func:`server_block`); ``None``: no server.
+    server_command: str | None = None
+    server_ready_s: int = 1800
 
     @property
     def ranks_per_node(self) -> int:
@@ -77,6 +81,49 @@ def _launch(spec: JobSpec) -> str:
     quoted = [w if "${" in w else shlex.quote(w) for w in torchrun]  # only our own ${...} stay unquoted
     srun = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " if spec.nodes > 1 else ""
     return srun + " ".join(quoted)
+
+
+def server_block(spec: JobSpec) -> str:
+    """Shell lines that start ``spec.server_command`` on a free loopback port in the background, stop
+    it when the job exits, wait up to ``server_ready_s`` for its ``/health`` (failing with the server
+    log's tail if it exits first or never answers) and export ``PRX_JOB_CAPTION_SERVER_URL`` for the
+    openai backend. The command is an operator's setting (like ``env_setup``), run as written."""
+    if not spec.server_command:
+        return ":"
+    if "{port}" not in spec.server_command:
+        raise SlurmError(f"caption server command {spec.server_command!r} has no {{port}}; write e.g. "
+                         "'vllm serve Qwen/Qwen3-VL-8B-Instruct --port {port}'")
+    py = shlex.quote(spec.python)
+    command = spec.server_command.replace("{port}", '"$PRX_SERVER_PORT"')
+    log = shlex.quote(str(Path(spec.log_path).with_name("server.log")))
+    probe = ("import sys, urllib.request; urllib.request.urlopen("
+             "f'http://127.0.0.1:{sys.argv[1]}/health', timeout=5)")
+    return "\n".join([
+        "# --- caption server (SlurmResource.caption_server): started here, checked ready, stopped at exit ---",
+        f"PRX_SERVER_PORT=$({py} -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); "
+        "print(s.getsockname()[1])')",
+        f"PRX_SERVER_LOG={log}",
+        "set -m  # the server gets its own process group, so the exit trap stops all of it",
+        f"( {command} ) > \"$PRX_SERVER_LOG\" 2>&1 &",
+        "PRX_SERVER_PID=$!",
+        "set +m",
+        "trap 'kill -- -\"$PRX_SERVER_PID\" 2>/dev/null || true; wait \"$PRX_SERVER_PID\" 2>/dev/null || true' EXIT",
+        f"PRX_SERVER_DEADLINE=$((SECONDS + {int(spec.server_ready_s)}))",
+        f"until {py} -c {shlex.quote(probe)} \"$PRX_SERVER_PORT\" 2>/dev/null; do",
+        "  if ! kill -0 \"$PRX_SERVER_PID\" 2>/dev/null; then",
+        "    echo \"caption server exited before it was ready; last lines of $PRX_SERVER_LOG:\" >&2",
+        "    tail -n 40 \"$PRX_SERVER_LOG\" >&2; exit 1",
+        "  fi",
+        "  if [ \"$SECONDS\" -ge \"$PRX_SERVER_DEADLINE\" ]; then",
+        f"    echo \"caption server not ready after {int(spec.server_ready_s)} s (SlurmResource.caption_server_ready_s); "
+        "last lines of $PRX_SERVER_LOG:\" >&2",
+        "    tail -n 40 \"$PRX_SERVER_LOG\" >&2; exit 1",
+        "  fi",
+        "  sleep 2",
+        "done",
+        "echo \"caption server ready on port $PRX_SERVER_PORT after ${SECONDS} s\"",
+        "export PRX_JOB_CAPTION_SERVER_URL=\"http://127.0.0.1:${PRX_SERVER_PORT}/v1\"",
+    ])
 
 
 def render_sbatch(template: str, spec: JobSpec) -> str:
@@ -114,7 +161,11 @@ def render_sbatch(template: str, spec: JobSpec) -> str:
         "workdir": shlex.quote(spec.workdir),
         "launch": _launch(spec),
         "job_name": shlex.quote(spec.job_name),
+        "server": server_block(spec),
     }
+    if spec.server_command and not re.search(r"\{\{\s*server\s*\}\}", template):
+        raise SlurmError("SlurmResource.caption_server is set but the job template has no {{ server }} "
+                         "placeholder; add it before {{ launch }} (see prx_assets/templates/train.sbatch)")
 
     def sub(m: re.Match[str]) -> str:
         if m.group(1) not in values:

@@ -80,6 +80,7 @@ class CaptionerSpec:
     concurrency: int = 16
     request_timeout_s: float = 600.0
     max_retries: int = 5
+    server_api: str = "vllm"
 
     _IDENTITY = ("model", "prompt", "system_prompt", "max_new_tokens", "min_new_tokens", "do_sample",
                  "temperature", "top_p", "top_k", "repetition_penalty", "no_repeat_ngram_size",
@@ -281,11 +282,10 @@ class TransformersCaptioner:
         new = out[:, inputs["input_ids"].shape[1]:].tolist()
         results = []
         for seq in new:
-            n = 0
-            for tok in seq:
-                if tok in self.eos_ids or tok == self.pad_id:
-                    break
-                n += 1
+            # A caption ends at its first end-of-sequence token (a finished row of a batch is padded
+            # after it). A padding token generated mid-caption is an ordinary (special) token, as
+            # every server treats it: decoding skips it and generation goes on.
+            n = next((i for i, tok in enumerate(seq) if tok in self.eos_ids), len(seq))
             text = self.processor.tokenizer.decode(seq[:n], skip_special_tokens=True).strip()
             results.append(CaptionResult(text=text, tokens=n, seconds=seconds,
                                          hit_max_tokens=n >= self.spec.max_new_tokens))

@@ -36,6 +36,7 @@ from typing import Any
 from prx_assets.core.config.project import config_dir, expand_env, read_yaml
 from prx_assets.core.models.captions import BACKENDS, CaptionerSpec, looks_local
 from prx_assets.core.models.embeddings import EmbedderSpec
+from prx_assets.core.models.served import SERVER_APIS
 from prx_assets.core.models.text_encoder import TextTowerSpec
 from prx_assets.errors import ConfigError
 
@@ -121,6 +122,9 @@ def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
         if spec.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {spec.backend!r}", path=spath, entry=where,
                               fix=f"use one of: {', '.join(BACKENDS)}")
+        if spec.server_api not in SERVER_APIS:
+            raise ConfigError(f"unknown server_api {spec.server_api!r}", path=spath, entry=where,
+                              fix=f"use one of: {', '.join(SERVER_APIS)} (vllm also covers SGLang and LMDeploy)")
         if spec.max_new_tokens < 1 or spec.batch_size < 1 or spec.concurrency < 1 or spec.max_retries < 0 \
                 or spec.request_timeout_s <= 0:
             raise ConfigError("max_new_tokens, batch_size and concurrency must be >= 1, max_retries >= 0 and "

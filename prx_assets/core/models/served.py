@@ -17,7 +17,8 @@ Settings (operational, not part of the captioner id): ``server_url`` (``.../v1``
 ``PRX_CAPTION_SERVER_URL`` environment variable), ``served_model`` (the name the server knows
 the model by; default ``model``), ``api_key_env`` (the environment variable holding the API key;
 the key itself is never written anywhere), ``concurrency``, ``request_timeout_s``,
-``max_retries``.
+``max_retries``, ``server_api`` (``vllm`` or ``transformers``: how settings outside the OpenAI
+schema travel).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -51,8 +53,12 @@ log = logging.getLogger(__name__)
 
 #: HTTP statuses worth retrying: the request may succeed once the server has capacity again.
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+#: How generation settings outside the OpenAI schema travel (see :func:`request_body`).
+SERVER_APIS = ("vllm", "transformers")
 #: Environment variable naming the server when a captioner sets no ``server_url``.
 SERVER_URL_ENV = "PRX_CAPTION_SERVER_URL"
+#: Set by a SLURM job that started its own server (``SlurmResource.caption_server``); wins over the rest.
+JOB_SERVER_URL_ENV = "PRX_JOB_CAPTION_SERVER_URL"
 
 
 class CaptionServerError(PrxError):
@@ -60,8 +66,9 @@ class CaptionServerError(PrxError):
 
 
 def server_url(spec: CaptionerSpec) -> str:
-    """The server's base URL (ending in ``/v1``) for ``spec``: its ``server_url`` or ``$PRX_CAPTION_SERVER_URL``."""
-    url = spec.server_url or os.environ.get(SERVER_URL_ENV, "")
+    """The server's base URL (ending in ``/v1``) for ``spec``: the job's own server
+    (``$PRX_JOB_CAPTION_SERVER_URL``), else its ``server_url``, else ``$PRX_CAPTION_SERVER_URL``."""
+    url = os.environ.get(JOB_SERVER_URL_ENV) or spec.server_url or os.environ.get(SERVER_URL_ENV, "")
     if not url:
         raise CaptionServerError(
             f"captioner {spec.name!r} selects backend 'openai' but no server is set; set server_url: "
@@ -94,8 +101,10 @@ def fit_pixels(image: Image.Image, min_pixels: int | None, max_pixels: int | Non
 def request_body(spec: CaptionerSpec, image_url: str) -> dict[str, Any]:
     """The chat-completions request for one image: the spec's prompts and generation settings.
 
-    Greedy decoding is ``temperature: 0``; settings outside the OpenAI schema (``top_k``,
-    ``repetition_penalty``, ``min_tokens``) are sent only when set, as vLLM and SGLang accept them."""
+    Greedy decoding is ``temperature: 0``. Settings outside the OpenAI schema go the way the server
+    reads them (``server_api``): ``vllm`` (vLLM, SGLang, LMDeploy) sends ``top_k``,
+    ``repetition_penalty`` and ``min_tokens`` as extra fields when set; ``transformers``
+    (``transformers serve``) sends every generation setting as its ``generation_config`` JSON."""
     messages: list[dict[str, Any]] = []
     if spec.system_prompt:
         messages.append({"role": "system", "content": spec.system_prompt})
@@ -106,13 +115,47 @@ def request_body(spec: CaptionerSpec, image_url: str) -> dict[str, Any]:
                             "temperature": spec.temperature if spec.do_sample else 0.0}
     if spec.do_sample:
         body.update(top_p=spec.top_p, seed=spec.seed)
-        if spec.top_k is not None:
-            body["top_k"] = spec.top_k
+    if spec.server_api == "transformers":
+        body["generation_config"] = transformers_generation_config(spec)
+        return body
+    if spec.do_sample and spec.top_k is not None:
+        body["top_k"] = spec.top_k
     if spec.repetition_penalty != 1.0:
         body["repetition_penalty"] = spec.repetition_penalty
     if spec.min_new_tokens:
         body["min_tokens"] = spec.min_new_tokens
     return body
+
+
+@functools.lru_cache(maxsize=16)
+def transformers_generation_config(spec: CaptionerSpec) -> str:
+    """The ``generation_config`` JSON for ``transformers serve``: the checkpoint's own generation config
+    (its end-of-sequence and padding ids) with the spec's settings on top, as the transformers backend
+    generates. The server takes this JSON as the whole config, so without the checkpoint's part it
+    would not stop at end of sequence. Read from the checkpoint folder or the hub cache (offline)."""
+    base: dict[str, Any] = {}
+    try:
+        from transformers import GenerationConfig
+
+        base = GenerationConfig.from_pretrained(spec.model, local_files_only=True).to_diff_dict()
+    except (OSError, ValueError) as e:
+        log.warning("captioner %s: cannot read the generation config of %r here (%s); transformers serve will "
+                    "not know its end-of-sequence ids: captions run to max_new_tokens", spec.name, spec.model, e)
+    for key in ("transformers_version", "_from_model_config"):
+        base.pop(key, None)
+    return json.dumps({**base, **spec.generate_kwargs()}, sort_keys=True)
+
+
+def check_settings(spec: CaptionerSpec) -> None:
+    """Refuse settings the chosen server API cannot carry (the captions would silently differ from what
+    the captioner id promises)."""
+    if spec.server_api not in SERVER_APIS:
+        raise CaptionServerError(f"captioner {spec.name!r}: server_api {spec.server_api!r} is not one of "
+                                 f"{', '.join(SERVER_APIS)}")
+    if spec.server_api == "vllm" and spec.no_repeat_ngram_size:
+        raise CaptionServerError(
+            f"captioner {spec.name!r} sets no_repeat_ngram_size, which vLLM/SGLang requests cannot carry; "
+            "drop it, or serve with `transformers serve` and set server_api: transformers")
 
 
 def parse_completion(response: httpx.Response) -> tuple[str, int | None, str | None]:
@@ -155,6 +198,7 @@ class OpenAICaptioner:
     def __init__(self, spec: CaptionerSpec, device: str = "auto", ready_timeout_s: float = 60.0) -> None:
         import httpx
 
+        check_settings(spec)
         self.spec = spec
         self.url = server_url(spec)
         self.concurrency = max(1, spec.concurrency)
