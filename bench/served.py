@@ -60,11 +60,14 @@ def run() -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="prx-bench-served-"))
     model = str(build_tiny_qwen3_vl(tmp / "tiny-qwen3-vl"))
     generate_demo_corpus(DataRoot(str(tmp)), n_photos=IMAGES, n_catalog=0, n_web=0)
-    files = sorted(p for p in (tmp / "demo" / "photos").rglob("*") if p.is_file())[:IMAGES]
     images = []
-    for f in files:
-        with Image.open(f) as im:
-            images.append(im.convert("RGB"))
+    for f in sorted(p for p in (tmp / "demo" / "photos").rglob("*") if p.is_file() and "broken" not in p.parts):
+        try:  # the demo corpus plants broken files on purpose
+            with Image.open(f) as im:
+                images.append(im.convert("RGB"))
+        except (OSError, ValueError, Image.DecompressionBombError):
+            continue
+    images = images[:IMAGES]
     results: dict[str, Any] = {"images": len(images), "tokens": TOKENS, "rounds": ROUNDS, "by_concurrency": {}}
     try:
         with transformers_server(log_path=str(tmp / "serve.log")) as url:
