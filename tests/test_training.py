@@ -95,11 +95,12 @@ def _latest(instance: dg.DagsterInstance, key: str, partition: str) -> dg.AssetM
     return rec.asset_materialization
 
 
-def _train(spec: str, text_model: str | None, out: Path, steps: int, precomputed: bool = False) -> dict[str, Any]:
+def _train(spec: str, text_model: str | None, out: Path, steps: int, precomputed: bool = False,
+           extra: tuple[str, ...] = ()) -> dict[str, Any]:
     from prx_assets.training.train import parse_args, train
 
     args = ["--spec", spec, "--steps", str(steps), "--workers", "0", "--batch-size", "4", "--dim", "64",
-            "--depth", "2", "--record-samples", str(out), "--text-tower", "qwen3", "--log-every", "1000"]
+            "--depth", "2", "--record-samples", str(out), "--text-tower", "qwen3", "--log-every", "1000", *extra]
     args += ["--precomputed-latents"] if precomputed else ["--text-encoder", str(text_model)]
     return train(parse_args(args))
 
@@ -115,6 +116,16 @@ def test_loss_decreases_on_the_demo_shards(trained_demo: dict[str, Any], tmp_pat
     assert len(seen) == 40 * 4
     keys = {k for _, k in seen}
     assert keys == {"caption", "caption_detailed", "caption_short"}  # both streams, the mix drawn per sample
+
+
+def test_bf16_autocast_trains_and_reports_model_flops(trained_demo: dict[str, Any], tmp_path: Path) -> None:
+    m = _train(trained_demo["spec_uri"], trained_demo["models"]["text"], tmp_path / "s.json", steps=40,
+               extra=("--precision", "bf16", "--peak-tflops", "1.5"))
+    assert m["precision"] == "bf16 autocast" and m["loss_last"] < 0.9 * m["loss_first"], m["loss_curve"]
+    assert m["model_tflops_per_second"] > 0 and m["peak_tflops_per_device"] == 1.5
+    assert m["mfu"] == pytest.approx(m["model_tflops_per_second"] / 1.5, rel=0.01)
+    fp32 = _train(trained_demo["spec_uri"], trained_demo["models"]["text"], tmp_path / "f.json", steps=5)
+    assert fp32["precision"] == "fp32" and "mfu" not in fp32  # CPU: no known peak, no MFU
 
 
 def test_precomputed_latents_consume_the_same_samples(trained_demo: dict[str, Any], tmp_path: Path) -> None:

@@ -42,6 +42,11 @@ class TrainingConfig(dg.Config):
         default=False, description="Read text latents from the shards (written by mds_shards with "
                                    "precomputed_latents) instead of encoding captions on the fly.")
     checkpoint_every: int = Field(default=DEFAULTS.checkpoint_every, description="Checkpoint every N steps (0: only the final one).")
+    precision: str = Field(default=DEFAULTS.precision, description="auto (bf16 autocast on CUDA, fp32 on CPU), bf16 "
+                                                                   "or fp32 (TF32 on CUDA).")
+    compile: bool = Field(default=DEFAULTS.compile, description="torch.compile the transformer.")
+    peak_tflops: float = Field(default=DEFAULTS.peak_tflops, description="Peak dense TFLOP/s per GPU for MFU "
+                                                                         "(0: known GPUs by name).")
     checkpoint_root: str | None = Field(
         default=None, description="Shared folder for checkpoints (default <data root>/training for a local data "
                                   "root, else <SLURM shared dir>/checkpoints).")
@@ -107,7 +112,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
         dim=config.dim, depth=config.depth, heads=config.heads, lr=config.lr, seed=config.seed,
         workers=config.workers, checkpoint_dir=ckpt_dir, checkpoint_every=config.checkpoint_every,
         text_tower=tower.tower(), max_text_length=tower.max_length, text_layer=tower.layer,
-        precomputed_latents=config.precomputed_latents,
+        precomputed_latents=config.precomputed_latents, precision=config.precision, compile=config.compile,
+        peak_tflops=config.peak_tflops,
         text_encoder=None if config.precomputed_latents else tower.model).to_argv()
     context.log.info(f"trainer: python -m {TRAINER_MODULE} {shlex.join(args)}")
     # The work: this mixture version with these trainer settings. A job for it that a killed run left

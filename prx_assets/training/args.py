@@ -46,6 +46,10 @@ class TrainerArgs:
     checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
     workers: int = _opt(1, "DataLoader workers per rank")
     device: str = _opt("auto", "auto, cpu, cuda, cuda:N")
+    precision: str = _opt("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), bf16 (autocast, fp32 master weights) "
+                                  "or fp32 (TF32 matmuls on CUDA)")
+    compile: bool = _opt(False, "torch.compile the transformer")
+    peak_tflops: float = _opt(0.0, "the device's peak dense TFLOP/s for MFU (0: known GPUs by name)")
     log_every: int = _opt(10, "log loss and samples/s every N steps")
     warmup_steps: int = _opt(3, "steps excluded from samples/s")
     cache_root: str | None = _opt(None, "local cache for remote (s3://) streams")
@@ -63,6 +67,8 @@ class TrainerArgs:
             out.append("--precomputed-latents needs --text-tower (the tower name in the shards' latent columns)")
         if self.steps < 1 or self.batch_size < 1:
             out.append("--steps and --batch-size must be >= 1")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            out.append(f"--precision {self.precision!r} is not one of auto, bf16, fp32")
         return out
 
     def to_argv(self) -> list[str]:

@@ -122,3 +122,41 @@ def flow_matching_loss(model: nn.Module, x0: torch.Tensor, text: torch.Tensor, m
     xt = (1 - t.view(b, 1, 1, 1)) * x0 + t.view(b, 1, 1, 1) * noise
     pred = model(xt, t, text, mask)
     return nn.functional.mse_loss(pred.float(), (noise - x0).float())
+
+
+def training_flops(cfg: ModelConfig, image_tokens: int, text_tokens: int, attention_scores: bool = True) -> float:
+    """Matmul FLOPs of one training step for one sample: forward (2 per multiply-add) plus backward
+    (twice the forward), the convention model FLOPs utilisation (MFU) is measured against. The text
+    encoder is not counted (frozen, inference only), nor are norms and activations.
+
+    ``image_tokens`` = patches of the sample, ``text_tokens`` = caption tokens (the null token is added here);
+    ``attention_scores=False`` leaves out the attention products (``QK^T`` and the weighted values).
+    """
+    d, n, lt = cfg.dim, image_tokens, text_tokens + 1
+    hidden = int(d * cfg.mlp_ratio)
+    pixel = cfg.channels * cfg.patch ** 2
+    forward = 2 * (n * pixel * d + text_tokens * cfg.text_dim * d + 2 * d * d)  # patch_in, text_in, t_mlp
+    scores = 2 * n * n * d + 2 * n * lt * d if attention_scores else 0  # self and cross: QK^T, then values
+    per_block = (d * 6 * d                                  # adaLN
+                 + n * d * 3 * d + n * d * d                # self-attention projections
+                 + n * d * d + lt * d * 2 * d + n * d * d   # cross-attention projections
+                 + scores + 2 * n * d * hidden)             # MLP
+    forward += 2 * cfg.depth * per_block + 2 * n * d * pixel  # blocks, out
+    return 3.0 * forward
+
+
+#: Peak dense bf16 tensor throughput (TFLOP/s, no sparsity) by GPU name, from the vendors' datasheets;
+#: ``--peak-tflops`` overrides it, and MFU is not reported for a device not listed.
+PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "B200": 2250.0, "A100": 312.0, "L40S": 362.05, "A10G": 70.0}
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The peak dense bf16 TFLOP/s of a device by its name (``torch.cuda.get_device_name``), if known.
+
+    >>> peak_tflops("NVIDIA H200")
+    989.4
+    >>> peak_tflops("cpu") is None
+    True
+    """
+    upper = device_name.upper()
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in upper), None)

@@ -78,12 +78,13 @@ def _pipes(rank: int) -> Any:
     return contextlib.nullcontext(_Stdout() if rank == 0 else None)
 
 
-def _loader(dataset: Any, workers: int) -> Iterator[dict[str, Any]]:
+def _loader(dataset: Any, workers: int, pin_memory: bool = False) -> Iterator[dict[str, Any]]:
     from torch.utils.data import DataLoader
 
     from prx_assets.training.data import collate_one
 
-    kw: dict[str, Any] = {"batch_size": None, "num_workers": workers, "collate_fn": collate_one}
+    kw: dict[str, Any] = {"batch_size": None, "num_workers": workers, "collate_fn": collate_one,
+                          "pin_memory": pin_memory}
     if workers:
         kw.update(multiprocessing_context="spawn", persistent_workers=True)
     loader = DataLoader(dataset, **kw)
@@ -104,7 +105,13 @@ def train(args: TrainerArgs) -> dict[str, Any]:
 
     from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec
     from prx_assets.training.data import bucketed_batches, build_dataset
-    from prx_assets.training.model import FlowTransformer, ModelConfig, flow_matching_loss
+    from prx_assets.training.model import (
+        FlowTransformer,
+        ModelConfig,
+        flow_matching_loss,
+        peak_tflops,
+        training_flops,
+    )
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -115,6 +122,12 @@ def train(args: TrainerArgs) -> dict[str, Any]:
         device = torch.device(args.device)
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    cuda = device.type == "cuda"
+    bf16 = args.precision == "bf16" or (args.precision == "auto" and cuda)
+    if cuda:  # TF32 for the matmuls autocast leaves in fp32 (and all of them with --precision fp32)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    peak = args.peak_tflops or (peak_tflops(torch.cuda.get_device_name(device)) if cuda else None)
     torch.manual_seed(args.seed)
     gen = torch.Generator(device=device).manual_seed(args.seed + rank)
 
@@ -152,12 +165,13 @@ def train(args: TrainerArgs) -> dict[str, Any]:
         losses: list[float] = []
         record: list[list[str]] = []
         text_s = 0.0
+        timed_flops = 0.0
         timed_samples = 0
         timed_s = 0.0
         t_last = time.perf_counter()
-        for batch in bucketed_batches(_loader(dataset, args.workers), args.batch_size):
+        for batch in bucketed_batches(_loader(dataset, args.workers, pin_memory=cuda), args.batch_size):
             t0 = time.perf_counter()
-            pixels = torch.from_numpy(np.stack([s["pixels"] for s in batch])).to(device)
+            pixels = torch.from_numpy(np.stack([s["pixels"] for s in batch])).to(device, non_blocking=True)
             if encoder is not None:
                 te = time.perf_counter()
                 text, mask = encoder.encode([s["caption"] for s in batch])
@@ -173,11 +187,13 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                 cfg = ModelConfig(text_dim=int(text.shape[-1]), patch=args.patch, dim=args.dim, depth=args.depth,
                                   heads=args.heads)
                 torch.manual_seed(args.seed)
-                net = FlowTransformer(cfg).to(device)
+                net = FlowTransformer(cfg).to(device)  # fp32 master weights; bf16 only inside autocast
                 model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local_rank]
                                                                   if device.type == "cuda" else None) \
                     if world > 1 else net
-                opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+                if args.compile:
+                    model = torch.compile(model)
+                opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=cuda)
                 if resume is not None:
                     state = torch.load(resume, map_location=device)
                     net.load_state_dict(state["model"])
@@ -187,7 +203,8 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                         pipes.log.info(f"resumed from {resume} at step {step}")
                     if step >= args.steps:
                         break
-            loss = flow_matching_loss(model, pixels, text, mask, generator=gen)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = flow_matching_loss(model, pixels, text, mask, generator=gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -199,6 +216,8 @@ def train(args: TrainerArgs) -> dict[str, Any]:
             if args.record_samples:
                 record.extend([s["image_id"], s["caption_key"]] for s in batch)
             if step > args.warmup_steps:
+                timed_flops += len(batch) * training_flops(cfg, (pixels.shape[2] // args.patch) *
+                                                           (pixels.shape[3] // args.patch), int(text.shape[1]))
                 timed_samples += len(batch)
                 timed_s += time.perf_counter() - t_last
                 text_s += text_dt
@@ -227,9 +246,14 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                 "text_encode_seconds": round(text_s, 4), "timed_seconds": round(timed_s, 4),
                 "text_encode_fraction": round(text_s / timed_s, 4) if timed_s else 0.0,
                 "params": sum(p.numel() for p in model.parameters()) if model is not None else 0,
+                "precision": "bf16 autocast" if bf16 else ("tf32" if cuda else "fp32"), "compiled": args.compile,
+                # model FLOPs (forward + backward matmuls of the transformer) per second, all ranks
+                "model_tflops_per_second": round(timed_flops * world / timed_s / 1e12, 4) if timed_s else 0.0,
                 "mixture": spec.name, "mixture_version": spec.mixture_version,
                 "checkpoint": str(ckpt) if ckpt else "", "checkpoint_sha256_16": digest or "",
             }
+            if peak and timed_s:  # model FLOPs utilisation per device, against its dense bf16 peak
+                metrics.update(mfu=round(timed_flops / timed_s / 1e12 / peak, 4), peak_tflops_per_device=peak)
             if args.record_samples:
                 Path(args.record_samples).write_text(json.dumps(record))
             if args.metrics_json:

@@ -83,7 +83,8 @@ class ImageEmbedder:
             with torch.inference_mode():
                 feats = self.model.get_image_features(pixel_values=inputs["pixel_values"])
             if not isinstance(feats, torch.Tensor):  # some versions return a model output
-                feats = getattr(feats, "pooler_output", None) or feats[0]
+                pooled = getattr(feats, "pooler_output", None)  # (transformers 5: an output object)
+                feats = pooled if pooled is not None else feats[0]
             v = feats.float().cpu().numpy()
             v /= np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
             out.append(v.astype(np.float32))

@@ -27,6 +27,7 @@ import base64
 import contextlib
 import dataclasses
 import functools
+import importlib.util
 import io
 import json
 import logging
@@ -324,9 +325,11 @@ def transformers_server(port: int | None = None, device: str = "cpu", log_path: 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    exe = os.path.join(os.path.dirname(sys.executable), "transformers")
-    cmd = [exe if os.path.exists(exe) else "transformers", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--device", device]
+    # The CLI's module moved in transformers 5; run whichever this interpreter has.
+    cli = "transformers.cli.transformers" if importlib.util.find_spec("transformers.cli") else \
+        "transformers.commands.transformers_cli"
+    cmd = [sys.executable, "-c", f"import sys; from {cli} import main; sys.exit(main())", "serve",
+           "--host", "127.0.0.1", "--port", str(port), "--device", device]
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,  # offline: local folders or the hub cache
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"})
