@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -261,6 +262,11 @@ class TransformersCaptioner:
         self.model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype).to(
             self.device).eval()
         self.processor = processor
+        # transformers 5 takes the processor's own arguments in processor_kwargs (and warns on every
+        # batch when they come loose); 4.x has no such parameter.
+        self._padding: dict[str, Any] = \
+            {"processor_kwargs": {"padding": True}} if "processor_kwargs" in inspect.signature(
+                processor.apply_chat_template).parameters else {"padding": True}
         gen = self.model.generation_config
         self.eos_ids = set(gen.eos_token_id if isinstance(gen.eos_token_id, list) else
                            [gen.eos_token_id] if gen.eos_token_id is not None else [])
@@ -271,7 +277,7 @@ class TransformersCaptioner:
 
         inputs = self.processor.apply_chat_template(
             [self.spec.messages(im) for im in images], tokenize=True, add_generation_prompt=True,
-            return_dict=True, return_tensors="pt", padding=True).to(self.device)
+            return_dict=True, return_tensors="pt", **self._padding).to(self.device)
         started = time.perf_counter()
         with torch.inference_mode():
             if self.spec.do_sample:
