@@ -211,3 +211,26 @@ def test_maintenance_is_requested_when_a_table_passes_its_bounds(lab, monkeypatc
     maintain(root)
     assert maintenance.table_health(root, "images").fragments == 1
     assert evaluate().skip_reason is not None
+
+
+def test_tagging_at_once_from_many_handles_never_conflicts(tmp_path) -> None:
+    """Runs cutting the same subset tag the same version at once (seen with four CLI runs beside a UI
+    backfill): every writer succeeds and the tag points at the version."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"x": [1]}), uri)
+    lance.write_dataset(pa.table({"x": [2]}), uri, mode="append")
+    with ProcessPoolExecutor(8, mp_context=mp.get_context("spawn")) as pool:
+        list(pool.map(_tag_many, [uri] * 8))
+    tags = lance.dataset(uri).tags.list()
+    assert {t: tags[t]["version"] for t in tags} == {f"subset-{k}": 1 + (k % 2) for k in range(15)}
+
+
+def _tag_many(uri: str) -> None:
+    from prx_assets.core.lab.sync import tag_version
+
+    ds = lance.dataset(uri)
+    for k in range(15):
+        tag_version(ds, f"subset-{k}", 1 + (k % 2))

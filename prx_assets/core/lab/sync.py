@@ -200,14 +200,22 @@ def index_coverage(ds: lance.LanceDataset) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: d["name"])
 
 
-def tag_version(ds: lance.LanceDataset, tag: str, version: int) -> None:
-    """Point ``tag`` at ``version`` (create or move)."""
-    tags = ds.tags.list()
-    if tag in tags:
-        if tags[tag]["version"] != version:
-            ds.tags.update(tag, version)
-    else:
-        ds.tags.create(tag, version)
+def tag_version(ds: lance.LanceDataset, tag: str, version: int, attempts: int = 5) -> None:
+    """Point ``tag`` at ``version`` (create or move). Processes that tag at once (runs cutting the same
+    subset) race between reading the tags and writing one: a write that finds the tag created or moved
+    meanwhile reads the tags again and retries, so the tag ends at a version one of them asked for."""
+    for attempt in range(attempts):
+        tags = ds.tags.list()
+        try:
+            if tag not in tags:
+                ds.tags.create(tag, version)
+            elif tags[tag]["version"] != version:
+                ds.tags.update(tag, version)
+            return
+        except (ValueError, OSError, RuntimeError) as e:
+            text = str(e).lower()
+            if attempt == attempts - 1 or not any(w in text for w in ("conflict", "already exists", "not found")):
+                raise
 
 
 def sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None = None,
