@@ -196,7 +196,7 @@ def parse_completion(response: httpx.Response) -> tuple[str, int | None, str | N
 class OpenAICaptioner:
     """A :class:`~prx_assets.core.models.captions.CaptionerSpec` served by an OpenAI-compatible server."""
 
-    def __init__(self, spec: CaptionerSpec, device: str = "auto", ready_timeout_s: float = 60.0) -> None:
+    def __init__(self, spec: CaptionerSpec, device: str = "auto", ready_timeout_s: float | None = None) -> None:
         import httpx
 
         check_settings(spec)
@@ -212,7 +212,8 @@ class OpenAICaptioner:
             timeout=httpx.Timeout(spec.request_timeout_s, connect=min(10.0, spec.request_timeout_s)),
             limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency))
         self._answered = False
-        self.wait_ready(ready_timeout_s)
+        # a server that is still loading its model may refuse connections for minutes
+        self.wait_ready(spec.request_timeout_s if ready_timeout_s is None else ready_timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Wait until the server is up: ``GET /health`` (vLLM, SGLang, transformers serve; it may still be
