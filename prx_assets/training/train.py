@@ -248,12 +248,12 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                 "params": sum(p.numel() for p in model.parameters()) if model is not None else 0,
                 "precision": "bf16 autocast" if bf16 else ("tf32" if cuda else "fp32"), "compiled": args.compile,
                 # model FLOPs (forward + backward matmuls of the transformer) per second, all ranks
-                "model_tflops_per_second": round(timed_flops * world / timed_s / 1e12, 4) if timed_s else 0.0,
+                "model_tflops_per_second": _sig(timed_flops * world / timed_s / 1e12) if timed_s else 0.0,
                 "mixture": spec.name, "mixture_version": spec.mixture_version,
                 "checkpoint": str(ckpt) if ckpt else "", "checkpoint_sha256_16": digest or "",
             }
             if peak and timed_s:  # model FLOPs utilisation per device, against its dense bf16 peak
-                metrics.update(mfu=round(timed_flops / timed_s / 1e12 / peak, 4), peak_tflops_per_device=peak)
+                metrics.update(mfu=_sig(timed_flops / timed_s / 1e12 / peak), peak_tflops_per_device=peak)
             if args.record_samples:
                 Path(args.record_samples).write_text(json.dumps(record))
             if args.metrics_json:
@@ -289,6 +289,15 @@ def _save(ckpt_dir: Path, model: Any, opt: Any, step: int, cfg: Any, keep: str) 
     torch.save(state, last_tmp)
     os.replace(last_tmp, ckpt_dir / "last.pt")
     return ckpt_dir / keep
+
+
+def _sig(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant digits (a CPU run's TFLOP/s are tiny; rounding to places loses them).
+
+    >>> _sig(0.000123456), _sig(412.3456)
+    (0.0001235, 412.3)
+    """
+    return float(f"{x:.{digits}g}")
 
 
 def _mean(xs: list[float]) -> float:
