@@ -112,7 +112,9 @@ def build_tiny_qwen3_vl(path: str | Path, seed: int = 0, hidden: int = 64, layer
         for param in model.parameters():
             if param.dim() >= 2:
                 param.normal_(0.0, 0.3)
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    # Both ends of a turn stop generation, as in Qwen3-VL's own generation_config.json
+    # (eos_token_id [<|im_end|>, <|endoftext|>]; <|endoftext|> is also the padding token).
+    model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.generation_config.do_sample = False
     model.save_pretrained(out)
