@@ -10,11 +10,17 @@ import dagster as dg
 import numpy as np
 from dagster_aws.s3 import S3Resource
 
-from prx_assets.core.config.project import SourcesConfig
+from prx_assets.core.config.project import IngestSettings, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover, load_manifest, parse_batch_key
 from prx_assets.core.ingest.images import prepare_rgb
-from prx_assets.core.ingest.jpeg_quality import QualityReport, pick_sample, run_experiment
+from prx_assets.core.ingest.jpeg_quality import (
+    CHECK_TILE,
+    CycleCurve,
+    QualityReport,
+    pick_sample,
+    run_experiment,
+)
 from prx_assets.core.ingest.pipeline import IngestResult, ingest_batch
 from prx_assets.core.ingest.sources import reader_for
 from prx_assets.core.lab.schema import IMAGES_TABLE
@@ -58,8 +64,12 @@ def _md_table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def ingest_metadata(result: IngestResult, fingerprint: str) -> dict[str, Any]:
-    """Materialization metadata for one ingested batch."""
+#: Metadata key of the q92 experiment ingest ran on the partition's sample (read by the check).
+Q92_SAMPLE_KEY = "q92_cycle_sample"
+
+
+def ingest_metadata(result: IngestResult, fingerprint: str, settings: IngestSettings) -> dict[str, Any]:
+    """Materialization metadata for one ingested batch (``settings``: its source's ingest settings)."""
     total = result.rows + result.rejected
     return {
         "dagster/row_count": dg.MetadataValue.int(result.rows),
@@ -84,6 +94,10 @@ def ingest_metadata(result: IngestResult, fingerprint: str) -> dict[str, Any]:
         "lossless_share": dg.MetadataValue.float(round(result.lossless_share, 4)),
         "lossless_reasons": dg.MetadataValue.json(result.lossless_reasons),
         "q92_psnr_db": dg.MetadataValue.json(result.psnr_quantiles()),
+        Q92_SAMPLE_KEY: dg.MetadataValue.json({"settings": settings.q92_check_settings(), "curves": result.q92_curves}),
+        "q92_check_seconds": dg.MetadataValue.float(round(result.q92_seconds, 3)),
+        "q92_check_share": dg.MetadataValue.float(
+            round(result.q92_seconds / result.work_seconds, 4) if result.work_seconds else 0.0),
         "lance_uri": dg.MetadataValue.path(result.images_uri),
         "lance_version": dg.MetadataValue.int(result.images_version),
         "rejects_uri": dg.MetadataValue.path(result.rejects_uri),
@@ -139,12 +153,13 @@ def raw_images(context: dg.AssetExecutionContext, storage: StorageResource,
     result = run_stage(context, slurm, "raw_images", key, StageResources(storage=storage, project=project, s3=s3))
     root = storage.root()
     sources = project.sources()
+    settings = sources.get(parse_batch_key(key)[0]).ingest
     fingerprint = raw_images_fingerprint(FingerprintContext(root=root, sources=sources), key)
     changed = result.inserted + result.updated + result.deleted > 0
     version = str(result.images_version)
     if not changed:  # the version of the last change; a run racing with the one that made it finds its rows
         version = previous_data_version(context) or str(result.partition_version or version)
-    return dg.MaterializeResult(metadata={**ingest_metadata(result, fingerprint),
+    return dg.MaterializeResult(metadata={**ingest_metadata(result, fingerprint, settings),
                                           **batch_pictures(root, key, result.rejects)},
                                 data_version=dg.DataVersion(version))
 
@@ -170,21 +185,54 @@ def q92_verdict(report: QualityReport, content_aware: bool) -> tuple[list[str], 
                 "first-generation bytes are never re-encoded"]
 
 
+def ingest_sample(instance: dg.DagsterInstance, key: str, settings: IngestSettings) -> list[CycleCurve] | None:
+    """The q92 curves ingest measured on partition ``key``'s sample, from its latest materialization
+    (one record); ``None`` when it has none measured at the current check settings (a partition
+    ingested before the check ran at ingest, or since its settings changed)."""
+    res = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=raw_images.key, asset_partitions=[key]), limit=1)
+    mat = res.records[0].asset_materialization if res.records else None
+    entry = mat.metadata.get(Q92_SAMPLE_KEY) if mat is not None else None
+    doc = entry.value if entry is not None else None
+    if not isinstance(doc, dict) or doc.get("settings") != settings.q92_check_settings():
+        return None
+    return [CycleCurve.from_json(c) for c in doc.get("curves", [])]
+
+
+def reread_sample(rows: list[dict[str, Any]], n_rows: int, cfg: Any, s3: S3Resource,
+                  settings: IngestSettings) -> QualityReport:
+    """The experiment on a sample re-read from the source (partitions without an ingest-time
+    sample): ``q92_sample`` images at most, one decoded at a time, measured on the same tiles."""
+    reader = reader_for(cfg, s3_client=s3.get_client)
+    report = QualityReport(quality=settings.jpeg_quality, cycles=settings.q92_cycles,
+                           min_psnr_db=settings.q92_min_psnr_db)
+    for row in pick_sample(rows, settings.q92_sample, seed=n_rows):
+        rgb = prepare_rgb(reader.read_uri(row["uri"]), settings).rgb
+        report.curves += run_experiment([(row["uri"].rsplit("/", 1)[-1], rgb)], settings.jpeg_quality,
+                                        settings.q92_cycles, settings.q92_min_psnr_db, settings.jpeg_subsampling,
+                                        settings.q92_tile_pixels, CHECK_TILE, settings.q92_png_reference).curves
+    return report
+
+
 @dg.asset_check(asset=raw_images, partitions_def=raw_batches, blocking=True)
 def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageResource,
                     project: ProjectConfigResource, s3: S3Resource) -> dg.AssetCheckResult:
-    """Re-run the JPEG quality experiment on a sample of the partition's JPEG-stored images.
+    """Judge the JPEG quality experiment on a sample of the partition's JPEG-stored images.
 
-    Samples the highest- and lowest-resolution images plus random ones among those stored as
-    JPEG, re-reads their originals from the source, and runs ``q92_cycles`` decode/encode
-    cycles at the configured quality, measuring PSNR against the original after each and the
-    size against lossless PNG. Fails (ERROR, blocking) when the sample's mean PSNR falls below
+    Ingest runs the experiment as it goes, on the pixels it has just decoded: a sample that
+    scales with the partition (``q92_sample_share`` of its images, at least ``q92_sample``),
+    chosen by a hash of the image id, each image measured on MCU-aligned tiles
+    (``q92_tile_pixels``) through ``q92_cycles`` decode/encode cycles at the configured quality,
+    with PSNR against the original after each. This check reads those curves from the
+    partition's materialization (a partition ingested without them is sampled again from the
+    source) and fails (ERROR, blocking) when the sample's mean PSNR falls below
     ``q92_min_psnr_db`` after any cycle. With content-aware storage on (``lossless_fallback``),
     images whose JPEG would lose more than that are stored losslessly at ingest, so content
     alone does not fail the check: it reports the share stored losslessly and the partition's
     first-generation PSNR distribution, and warns (WARN, not blocking) when that share is above
-    ``fallback_warn_share``.
+    ``fallback_warn_share``. Its metadata says what the experiment cost at ingest.
     """
+    started = time.perf_counter()
     key = context.partition_key
     source_name, _ = parse_batch_key(key)
     cfg = project.sources().get(source_name)
@@ -220,19 +268,20 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
                                    description="; ".join(warnings) or None,
                                    metadata={"sampled": 0, **storage_md,
                                              "note": "every image is stored losslessly: nothing to cycle"})
-    reader = reader_for(cfg, s3_client=s3.get_client)
-    started = time.perf_counter()
-    images = []
-    for row in pick_sample(jpeg_rows, s.q92_sample, seed=len(rows)):
-        prepared = prepare_rgb(reader.read_uri(row["uri"]), s)
-        images.append((row["uri"].rsplit("/", 1)[-1], prepared.rgb))
-    report = run_experiment(images, s.jpeg_quality, s.q92_cycles, s.q92_min_psnr_db,
-                            s.jpeg_subsampling)
+    curves = ingest_sample(context.instance, key, s)
+    if curves:
+        report = QualityReport(quality=s.jpeg_quality, cycles=s.q92_cycles, min_psnr_db=s.q92_min_psnr_db,
+                               curves=curves)
+        measured = "at ingest, on the decoded pixels"
+    else:  # ingested before the check ran at ingest, or its sample drew no JPEG-stored image
+        report = reread_sample(jpeg_rows, len(rows), cfg, s3, s)
+        measured = "re-read from the source"
     meta = report.to_metadata()
     seconds = time.perf_counter() - started
     curve_rows = [[i + 1, v] for i, v in enumerate(meta["mean_psnr_curve_db"])]
     errors, generational = q92_verdict(report, s.lossless_fallback != "off")
     warnings += generational
+    extra = {"jpeg_to_png_size_ratio": meta["jpeg_to_png_size_ratio"]} if "jpeg_to_png_size_ratio" in meta else {}
     return dg.AssetCheckResult(
         passed=not errors and not warnings,
         severity=dg.AssetCheckSeverity.WARN if warnings and not errors else dg.AssetCheckSeverity.ERROR,
@@ -241,14 +290,17 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
             # Settings are text, not numbers: the UI's Plots tab charts numeric entries over partitions.
             "quality": dg.MetadataValue.text(str(s.jpeg_quality)),
             "cycles": dg.MetadataValue.text(str(s.q92_cycles)),
-            "sampled": len(images),
+            "sampled": len(report.curves),
+            "sample_share": round(len(report.curves) / len(jpeg_rows), 4),
+            "measured": dg.MetadataValue.text(measured),
             "measured_pixels": sum(c.measured_pixels for c in report.curves),
+            "cycles_encoded": sum(c.cycles_run for c in report.curves),
             "check_seconds": round(seconds, 3),
             **storage_md,
             "first_cycle_psnr_db": meta["first_cycle_psnr_db"],
             "max_drop_db": meta["max_drop_db"],
             "last_cycle_psnr_db": meta["mean_psnr_curve_db"][-1],
-            "jpeg_to_png_size_ratio": meta["jpeg_to_png_size_ratio"],
+            **extra,
             "psnr_curve": dg.MetadataValue.md(_md_table(["cycle", "mean PSNR (dB)"], curve_rows)),
             "psnr_curve_chart": curve(meta["mean_psnr_curve_db"], f"mean PSNR after each q{s.jpeg_quality} cycle",
                                       "dB", threshold=s.q92_min_psnr_db),

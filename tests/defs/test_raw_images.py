@@ -79,7 +79,10 @@ def test_materialize_partition_metadata_version_and_check(folder_source: dict) -
         (check,) = res.get_asset_check_evaluations()
         assert check.passed and check.partition == "photos-00001"
         assert check.metadata["quality"].value == "92"
-        assert check.metadata["sampled"].value == 4
+        assert check.metadata["sampled"].value == 4  # a partition of 4: below q92_sample, all of it
+        assert check.metadata["measured"].value == "at ingest, on the decoded pixels"
+        assert len(md["q92_cycle_sample"].value["curves"]) == 4 and md["q92_check_seconds"].value > 0
+        assert 0 < md["q92_check_share"].value < 1
         assert "data:image/png;base64," in check.metadata["psnr_curve_chart"].value
         assert "data:image/jpeg;base64," in md["contact_sheet"].value
         assert all("data:image/png;base64," in md[k].value
@@ -264,3 +267,31 @@ def test_q92_verdict_blocks_only_a_first_generation_below_the_bound() -> None:
     assert errors == [] and "generational loss: mean PSNR 36.50 dB after cycle 3" in warnings[0]
     assert q92_verdict(report(36, 35), True)[0] and not q92_verdict(report(36, 35), True)[1]
     assert q92_verdict(report(40, 38, 36.5), False) == (report(40, 38, 36.5).failures, [])  # off: as before
+
+
+def test_q92_check_samples_again_from_the_source_when_ingest_measured_other_settings(folder_source: dict) -> None:
+    """A partition whose materialization holds no curve at the current check settings (ingested
+    before the check ran at ingest, or since changed) is sampled again from the source, and the
+    sample measured then agrees with the one ingest measured."""
+    import dataclasses
+
+    from prx_assets.core.config.project import load_sources
+    from prx_assets.defs.ingest import ingest_sample, reread_sample
+
+    with dg.instance_for_test() as instance:
+        found = run_sensor(instance, folder_source["resources"])
+        instance.add_dynamic_partitions("raw_batches", [r.partition_key for r in found.run_requests])
+        assert materialize(instance, folder_source["resources"], "photos-00001").success
+        cfg = load_sources(folder_source["config"]).get("photos")
+        at_ingest = ingest_sample(instance, "photos-00001", cfg.ingest)
+        assert at_ingest is not None and len(at_ingest) == 4
+        other = dataclasses.replace(cfg.ingest, q92_png_reference=True)
+        assert ingest_sample(instance, "photos-00001", other) is None
+        rows = lance.dataset(str(folder_source["root"] / "lance" / "images.lance")).to_table(
+            filter="batch = 'photos-00001'").to_pylist()
+        again = reread_sample(rows, len(rows), cfg, folder_source["resources"]["s3"], other)
+        assert sorted(c.label for c in again.curves) == sorted(c.label for c in at_ingest)
+        by_label = {c.label: c for c in at_ingest}
+        for c in again.curves:  # same pixels, same tiles: the same curve, plus the PNG sizes asked for
+            assert c.psnr_db == pytest.approx(by_label[c.label].psnr_db, abs=1e-4)  # stored to 4 places
+            assert c.png_bytes > 0 == by_label[c.label].png_bytes

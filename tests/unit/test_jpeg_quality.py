@@ -77,3 +77,61 @@ def test_large_images_are_measured_on_tiles_within_a_few_tenths_of_a_db() -> Non
     tiled = cycle_curve(image, 92, 4)
     assert tiled.measured_pixels <= MAX_MEASURED_PIXELS < whole.measured_pixels == 2400 * 1800
     assert max(abs(a - b) for a, b in zip(whole.psnr_db, tiled.psnr_db, strict=True)) < 0.3
+
+
+def _reference_curve(image: Image.Image, quality: int, cycles: int) -> list[float]:
+    """Every cycle encoded, no fixed-point shortcut: what ``cycle_curve`` must reproduce exactly."""
+    import io
+
+    original = np.asarray(image, dtype=np.float64)
+    current, out = image, []
+    for _ in range(cycles):
+        buf = io.BytesIO()
+        current.save(buf, "JPEG", quality=quality, subsampling="4:2:0", optimize=False)
+        current = Image.open(io.BytesIO(buf.getvalue()))
+        current.load()
+        out.append(psnr(original.astype(np.uint8), np.asarray(current)))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fixed_point_shortcut_is_exact(seed: int) -> None:
+    """A tile that a cycle reproduces exactly is not encoded again, and the curve is unchanged."""
+    img = photo(160, 128, seed=seed)
+    got = cycle_curve(img, 92, 10, png_reference=False)
+    assert list(got.psnr_db) == pytest.approx(_reference_curve(img, 92, 10), abs=1e-9)
+    flat = Image.new("RGB", (64, 48), (90, 140, 200))
+    stopped = cycle_curve(flat, 92, 10, png_reference=False)
+    assert stopped.cycles_run < 10 and list(stopped.psnr_db) == pytest.approx(_reference_curve(flat, 92, 10))
+    assert stopped.png_bytes == 0 and "jpeg_to_png_size_ratio" not in run_experiment(
+        [("flat", flat)], 92, 3, 30, png_reference=False).to_metadata()
+
+
+def test_sample_scales_with_the_partition_and_is_stable() -> None:
+    from prx_assets.core.ingest.jpeg_quality import MAX_CHECK_SAMPLE, in_sample, sample_rate
+
+    ids = [f"{i:016x}" for i in range(20_000)]
+    for items, expected in [(4, 4), (200, 6), (20_000, 200)]:
+        rate = sample_rate(items, S.q92_sample, S.q92_sample_share)
+        drawn = sum(in_sample(i, rate) for i in ids[:items])
+        assert abs(drawn - expected) <= 4 * max(1.0, expected ** 0.5), (items, drawn)
+    assert sample_rate(10**9, 6, 0.02) * 10**9 == pytest.approx(MAX_CHECK_SAMPLE)
+    assert [in_sample(i, 0.1) for i in ids[:50]] == [in_sample(i, 0.1) for i in ids[:50]]
+
+
+def test_check_tiles_estimate_whole_images_within_a_few_tenths_of_a_db() -> None:
+    """The ingest-time sample (q92_tile_pixels of 128-pixel tiles per image) tracks the whole
+    images' mean curve within 0.3 dB at every cycle, for a fraction of the pixels."""
+    from prx_assets.core.demo.corpus import make_scene
+    from prx_assets.core.ingest.jpeg_quality import CHECK_TILE
+
+    rng = np.random.default_rng(7)
+    images = []
+    for i in range(10):
+        w = int(rng.integers(730, 1460))
+        images.append((f"s{i}", make_scene(np.random.default_rng(200 + i), w, int(w * 0.75)).image))
+    whole = run_experiment(images, 92, 6, S.q92_min_psnr_db, max_pixels=0, png_reference=False)
+    tiles = run_experiment(images, 92, 6, S.q92_min_psnr_db, max_pixels=S.q92_tile_pixels, tile=CHECK_TILE,
+                           png_reference=False)
+    assert sum(c.measured_pixels for c in tiles.curves) * 3 < sum(c.measured_pixels for c in whole.curves)
+    assert max(abs(a - b) for a, b in zip(whole.mean_curve, tiles.mean_curve, strict=True)) < 0.3

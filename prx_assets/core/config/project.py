@@ -100,9 +100,14 @@ class IngestSettings:
     aspect_buckets:
         Aspect-ratio buckets as ``"W:H"`` strings; each image gets the nearest in log ratio.
     q92_cycles, q92_sample, q92_min_psnr_db:
-        The JPEG quality check: decode/encode cycles, images sampled per partition, and
-        the bound the sample's mean PSNR (against the original pixels) must stay above
+        The JPEG quality check: decode/encode cycles, the fewest images sampled per partition,
+        and the bound the sample's mean PSNR (against the original pixels) must stay above
         after every cycle.
+    q92_sample_share, q92_tile_pixels, q92_png_reference:
+        The check's sample scales with the partition: this share of its images (at least
+        ``q92_sample``, at most 512), each measured at ingest on ``q92_tile_pixels`` pixels of
+        MCU-aligned 128-pixel tiles (0: the whole image); ``q92_png_reference`` also measures the
+        lossless PNG size of the tiles for the JPEG/PNG size ratio.
     workers:
         Threads that decode/encode in parallel within one partition (Pillow releases
         the GIL); ``0`` means one per CPU.
@@ -130,6 +135,9 @@ class IngestSettings:
     q92_cycles: int = 10
     q92_sample: int = 6
     q92_min_psnr_db: float = 37.0
+    q92_sample_share: float = 0.01
+    q92_tile_pixels: int = 16 * 128 * 128
+    q92_png_reference: bool = False
     workers: int = 0
     lossless_fallback: str = "webp"
     lossless_max_colors: int = 64
@@ -144,6 +152,12 @@ class IngestSettings:
             keys += ["lossless_fallback", "lossless_max_colors", "q92_min_psnr_db"]
         payload = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def q92_check_settings(self) -> dict[str, Any]:
+        """The settings a q92 cycle curve depends on (a curve measured under others is not reused)."""
+        return {"quality": self.jpeg_quality, "subsampling": self.jpeg_subsampling, "cycles": self.q92_cycles,
+                "tile_pixels": self.q92_tile_pixels, "png_reference": self.q92_png_reference,
+                "max_side": self.max_side}
 
     def effective_workers(self) -> int:
         """Number of worker threads to use."""
@@ -253,9 +267,9 @@ def _typed(key: str, value: Any, expected: str, path: str, where: str) -> Any:
         return None
     ok = {"int": isinstance(value, int) and not isinstance(value, bool),
           "float": isinstance(value, int | float) and not isinstance(value, bool),
-          "str": isinstance(value, str)}.get(base, True)
+          "str": isinstance(value, str), "bool": isinstance(value, bool)}.get(base, True)
     if not ok:
-        example = {"int": "92", "float": "4.0", "str": "'4:2:0'"}.get(base, "")
+        example = {"int": "92", "float": "4.0", "str": "'4:2:0'", "bool": "true"}.get(base, "")
         raise ConfigError(f"{key}={value!r}: expected {'an' if base == 'int' else 'a'} {base}"
                           f"{' or null' if optional else ''}, got {type(value).__name__}", path=path, entry=where,
                           fix=f"write {key}: {example}" + (f" (default {getattr(IngestSettings(), key)!r})"))
@@ -289,6 +303,9 @@ def _validate_ingest(s: IngestSettings, path: str, where: str) -> None:
                   "fix the ingest limits")
     if s.q92_cycles < 1 or s.q92_sample < 1:
         raise bad("q92_cycles and q92_sample must be >= 1", "use e.g. 10 cycles, 6 images")
+    if not (0.0 < s.q92_sample_share <= 1.0) or s.q92_tile_pixels < 0:
+        raise bad(f"q92_sample_share={s.q92_sample_share!r} must be within (0, 1] and q92_tile_pixels="
+                  f"{s.q92_tile_pixels!r} >= 0", "use e.g. 0.01 and 262144 (0 measures whole images)")
     if s.lossless_fallback not in LOSSLESS_FORMATS:
         raise bad(f"lossless_fallback={s.lossless_fallback!r} is not supported",
                   f"use one of: {', '.join(LOSSLESS_FORMATS)}")

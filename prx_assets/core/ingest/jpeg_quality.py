@@ -3,11 +3,19 @@
 For each image: encode at ``quality``, decode, measure PSNR against the original
 pixels, re-encode the decoded pixels, and so on for ``cycles`` rounds. A quality that
 is high enough keeps PSNR high after the first cycle and nearly flat afterwards
-(generational loss); the storage cost is reported as the JPEG/PNG size ratio.
+(generational loss); the storage cost is reported as the JPEG/PNG size ratio when asked.
+
+At ingest the experiment runs on a sample that scales with the partition (``q92_sample_share`` of
+its images, at least ``q92_sample``), chosen by a hash of the image id, on MCU-aligned tiles of
+the pixels ingest has already decoded (``q92_tile_pixels`` per image): its cost is a fixed small
+share of the ingest work and its memory a few tiles, whatever the image sizes. A tile whose
+decoded pixels equal the pixels it was encoded from has reached JPEG's fixed point: every later
+cycle repeats it exactly, so it is not encoded again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 from dataclasses import dataclass, field
@@ -36,8 +44,24 @@ class CycleCurve:
     height: int
     psnr_db: tuple[float, ...]
     jpeg_bytes: int
-    png_bytes: int
+    png_bytes: int  # 0 when the PNG reference was not measured
     measured_pixels: int = 0  # pixels the cycles ran on (all of them, or the tiles')
+    cycles_run: int = 0  # cycles encoded before every tile reached JPEG's fixed point
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain values (carried from ingest to the check in the materialization metadata)."""
+        return {"label": self.label, "width": self.width, "height": self.height,
+                "psnr_db": [round(v, 4) if math.isfinite(v) else None for v in self.psnr_db],
+                "jpeg_bytes": self.jpeg_bytes, "png_bytes": self.png_bytes,
+                "measured_pixels": self.measured_pixels, "cycles_run": self.cycles_run}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CycleCurve:
+        """Inverse of :meth:`to_json` (``None`` PSNR: an exact reproduction, infinite)."""
+        return cls(label=str(d["label"]), width=int(d["width"]), height=int(d["height"]),
+                   psnr_db=tuple(float("inf") if v is None else float(v) for v in d["psnr_db"]),
+                   jpeg_bytes=int(d["jpeg_bytes"]), png_bytes=int(d["png_bytes"]),
+                   measured_pixels=int(d.get("measured_pixels", 0)), cycles_run=int(d.get("cycles_run", 0)))
 
     @property
     def size_ratio(self) -> float:
@@ -53,54 +77,105 @@ TILE = 256
 MAX_MEASURED_PIXELS = 16 * TILE * TILE
 
 
-def measured_regions(width: int, height: int, max_pixels: int = MAX_MEASURED_PIXELS) -> list[tuple[int, int, int, int]]:
+def measured_regions(width: int, height: int, max_pixels: int = MAX_MEASURED_PIXELS,
+                     tile: int = TILE) -> list[tuple[int, int, int, int]]:
     """Boxes ``(left, top, right, bottom)`` the cycles run on: the whole image when it has at
-    most ``max_pixels`` (or ``max_pixels`` is 0), else a grid of tiles aligned to 16 pixels.
+    most ``max_pixels`` (or ``max_pixels`` is 0), else a grid of ``tile``-sided tiles aligned to 16 pixels.
 
     >>> measured_regions(640, 480)
     [(0, 0, 640, 480)]
     >>> len(measured_regions(4000, 3000)), measured_regions(4000, 3000)[0]
-    (15, (0, 0, 256, 256))
+    (15, (272, 368, 528, 624))
+    >>> measured_regions(1024, 768, 4 * 128 * 128, tile=128)
+    [(192, 128, 320, 256), (704, 128, 832, 256), (192, 512, 320, 640), (704, 512, 832, 640)]
     """
     if max_pixels <= 0 or width * height <= max_pixels:
         return [(0, 0, width, height)]
-    tw, th = min(TILE, width), min(TILE, height)
+    tw, th = min(tile, width), min(tile, height)
     n = max(1, max_pixels // (tw * th))
     cols = max(1, min(n, round(math.sqrt(n * width / height)), width // tw))
     rows = max(1, min(n // cols, height // th))
-    xs = [min(width - tw, (round(i * (width - tw) / max(1, cols - 1)) // 16) * 16) for i in range(cols)]
-    ys = [min(height - th, (round(j * (height - th) / max(1, rows - 1)) // 16) * 16) for j in range(rows)]
+    # Each tile at the centre of its grid cell (not at the image's edges and corners, where
+    # photographs are flatter than on average), snapped to the 16-pixel MCU grid.
+    xs = [max(0, min(width - tw, round(((i + 0.5) * width / cols - tw / 2) / 16) * 16)) for i in range(cols)]
+    ys = [max(0, min(height - th, round(((j + 0.5) * height / rows - th / 2) / 16) * 16)) for j in range(rows)]
     return [(x, y, x + tw, y + th) for y in ys for x in xs]
 
 
 def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = "4:2:0",
-                label: str = "", max_pixels: int = MAX_MEASURED_PIXELS) -> CycleCurve:
-    """Run ``cycles`` decode/encode rounds on one RGB image (on tiles of it when it is larger than
-    ``max_pixels``: PSNR from the squared error summed over the tiles, sizes summed too)."""
-    rgb = rgb.convert("RGB")
-    regions = measured_regions(rgb.size[0], rgb.size[1], max_pixels)
+                label: str = "", max_pixels: int = MAX_MEASURED_PIXELS, tile: int = TILE,
+                png_reference: bool = True) -> CycleCurve:
+    """Run ``cycles`` decode/encode rounds on one RGB image (on ``tile``-sided tiles of it when it
+    is larger than ``max_pixels``: PSNR from the squared error summed over the tiles, sizes summed
+    too). A tile stops being encoded once a cycle reproduces its input exactly (JPEG's fixed point:
+    the later cycles are that one again). ``png_reference`` also measures the lossless PNG size."""
+    regions = measured_regions(rgb.size[0], rgb.size[1], max_pixels, tile)
+    if rgb.mode != "RGB":  # (a conversion copies the image: only when needed)
+        rgb = rgb.convert("RGB")
     sq_err = np.zeros(cycles)
     pixels = 0
-    first_size = png_size = 0
+    first_size = png_size = cycles_run = 0
     for box in regions:
-        tile = rgb if len(regions) == 1 else rgb.crop(box)
-        original = np.asarray(tile, dtype=np.int16)
-        current = tile
+        region = rgb if len(regions) == 1 else rgb.crop(box)
+        original = np.asarray(region, dtype=np.int16)
+        current = region
+        before = original
         for i in range(cycles):
             data = encode_jpeg(current, quality, subsampling)
             if i == 0:
                 first_size += len(data)
             current = Image.open(io.BytesIO(data))
             current.load()
-            diff = original - np.asarray(current, dtype=np.int16)
-            sq_err[i] += float(np.einsum("ijk,ijk->", diff, diff, dtype=np.float64))
+            after = np.asarray(current, dtype=np.int16)
+            diff = original - after
+            err = float(np.einsum("ijk,ijk->", diff, diff, dtype=np.float64))
+            sq_err[i] += err
+            cycles_run = max(cycles_run, i + 1)
+            if np.array_equal(after, before):  # fixed point: every later cycle is this one again
+                sq_err[i + 1:] += err
+                break
+            before = after
         pixels += original.size
-        png = io.BytesIO()
-        tile.save(png, "PNG", compress_level=6)
-        png_size += len(png.getvalue())
+        if png_reference:
+            png = io.BytesIO()
+            region.save(png, "PNG", compress_level=6)
+            png_size += len(png.getvalue())
     curve = [float("inf") if e == 0 else float(10.0 * np.log10(255.0**2 * pixels / e)) for e in sq_err]
     return CycleCurve(label=label, width=rgb.size[0], height=rgb.size[1], psnr_db=tuple(curve),
-                      jpeg_bytes=first_size, png_bytes=png_size, measured_pixels=pixels // 3)
+                      jpeg_bytes=first_size, png_bytes=png_size, measured_pixels=pixels // 3,
+                      cycles_run=cycles_run)
+
+
+#: Side of the tiles the per-partition check measures at ingest. 64-pixel tiles ran 0.4-1.4 dB high
+#: against whole images (their edges, where chroma upsampling differs, weigh more); tiles pasted
+#: into one mosaic ran 10-14 dB low (the seams). 128-pixel tiles on a grid, 16 per image
+#: (``q92_tile_pixels``), came within 0.24-0.9 dB on q90 JPEG originals whose loss grows 7 dB over
+#: 10 cycles and is concentrated in a few places (``python -m bench peer``), at about a fifth of
+#: the work of whole images.
+CHECK_TILE = 128
+#: Most images one partition's check samples (its curves travel in the materialization metadata).
+MAX_CHECK_SAMPLE = 512
+
+
+def sample_rate(items: int, min_images: int, share: float, cap: int = MAX_CHECK_SAMPLE) -> float:
+    """Probability that an image of a partition of ``items`` joins the q92 sample: ``share``, raised
+    so that about ``min_images`` are drawn, and lowered so that at most about ``cap`` are.
+
+    >>> sample_rate(500, 6, 0.02), sample_rate(100, 6, 0.02), sample_rate(10**6, 6, 0.02)
+    (0.02, 0.06, 0.000512)
+    """
+    if items <= 0:
+        return 1.0
+    return min(1.0, max(share, min_images / items), max(cap / items, min_images / items))
+
+
+def in_sample(image_id: str, rate: float) -> bool:
+    """Whether ``image_id`` is in the q92 sample at ``rate``: a hash of the id, so the choice is the
+    same on every run and in every process, and independent of the order images arrive in."""
+    if rate >= 1.0:
+        return True
+    h = int.from_bytes(hashlib.blake2b(image_id.encode(), digest_size=8, person=b"prx-q92").digest(), "big")
+    return h < rate * 2.0**64
 
 
 @dataclass
@@ -156,24 +231,34 @@ class QualityReport:
         return not self.failures
 
     def to_metadata(self) -> dict[str, Any]:
-        """Plain values for reports (the curve, per-image rows, ratio, verdict)."""
-        return {
+        """Plain values for reports (the curve, per-image rows, verdict; the JPEG/PNG size ratio
+        when the PNG reference was measured)."""
+        with_png = any(c.png_bytes for c in self.curves)
+        images = []
+        for c in self.curves:
+            row = {"label": c.label, "size": f"{c.width}x{c.height}", "measured_pixels": c.measured_pixels,
+                   "cycles_run": c.cycles_run, "psnr_first_db": round(c.psnr_db[0], 2),
+                   "psnr_last_db": round(c.psnr_db[-1], 2)}
+            if c.png_bytes:
+                row["jpeg_to_png"] = round(c.size_ratio, 4)
+            images.append(row)
+        out = {
             "quality": self.quality,
             "cycles": self.cycles,
             "mean_psnr_curve_db": [round(v, 3) for v in self.mean_curve],
             "first_cycle_psnr_db": round(self.first_cycle_psnr, 3),
             "max_drop_db": round(self.drop_db, 3),
-            "jpeg_to_png_size_ratio": round(self.size_ratio, 4),
-            "images": [{"label": c.label, "size": f"{c.width}x{c.height}", "measured_pixels": c.measured_pixels,
-                        "psnr_first_db": round(c.psnr_db[0], 2),
-                        "psnr_last_db": round(c.psnr_db[-1], 2),
-                        "jpeg_to_png": round(c.size_ratio, 4)} for c in self.curves],
+            "images": images,
             "failures": self.failures,
         }
+        if with_png:
+            out["jpeg_to_png_size_ratio"] = round(self.size_ratio, 4)
+        return out
 
 
 def run_experiment(images: list[tuple[str, Image.Image]], quality: int, cycles: int,
-                   min_psnr_db: float, subsampling: str = "4:2:0") -> QualityReport:
+                   min_psnr_db: float, subsampling: str = "4:2:0", max_pixels: int = MAX_MEASURED_PIXELS,
+                   tile: int = TILE, png_reference: bool = True) -> QualityReport:
     """Run the cycle experiment on labelled RGB images and judge it against the bounds.
 
     Examples
@@ -186,7 +271,7 @@ def run_experiment(images: list[tuple[str, Image.Image]], quality: int, cycles: 
     """
     report = QualityReport(quality=quality, cycles=cycles, min_psnr_db=min_psnr_db)
     for label, rgb in images:
-        report.curves.append(cycle_curve(rgb, quality, cycles, subsampling, label))
+        report.curves.append(cycle_curve(rgb, quality, cycles, subsampling, label, max_pixels, tile, png_reference))
     return report
 
 

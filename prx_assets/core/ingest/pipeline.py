@@ -25,6 +25,7 @@ from prx_assets.core.faults import crash_point
 from prx_assets.core.ingest.batches import BatchManifest
 from prx_assets.core.ingest.decoder_warnings import collect, routed
 from prx_assets.core.ingest.images import ImageRejected, NormalizedImage, RejectReason, normalize
+from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, cycle_curve, in_sample, sample_rate
 from prx_assets.core.ingest.sources import SourceItem, SourceReader
 from prx_assets.core.lab.schema import (
     IMAGES_SCHEMA,
@@ -77,6 +78,11 @@ class IngestResult:
     lossless_reasons: dict[str, int] = field(default_factory=dict)
     #: First-generation PSNR of each stored image's JPEG (empty with ``lossless_fallback: off``).
     psnr_db: list[float] = field(default_factory=list)
+    #: The q92 cycle experiment on the partition's sample (``CycleCurve.to_json`` each), its
+    #: seconds, and the seconds of all per-item work (decode to hashes, the experiment included).
+    q92_curves: list[dict[str, Any]] = field(default_factory=list)
+    q92_seconds: float = 0.0
+    work_seconds: float = 0.0
 
     @property
     def lossless_share(self) -> float:
@@ -115,23 +121,31 @@ Outcome = tuple[dict[str, Any] | None, dict[str, Any] | None]
 WARNINGS_KEY = "_decoder_warnings"
 #: Row key carrying why an image is stored losslessly (counted per batch, not stored as a column).
 LOSSLESS_KEY = "_lossless_reason"
+#: Row keys carrying a sampled image's q92 cycle curve and its seconds, and every item's seconds.
+Q92_KEY = "_q92_curve"
+Q92_SECONDS_KEY = "_q92_seconds"
+SECONDS_KEY = "_seconds"
 
 
 def process_item(item: SourceItem, source: str, batch: str, settings: IngestSettings,
-                 fingerprint: str) -> Outcome:
+                 fingerprint: str, q92_rate: float = 0.0) -> Outcome:
     """Normalize one item into ``(row, None)`` or ``(None, reject_row)``; decoder warnings ride along
-    under :data:`WARNINGS_KEY` (for a reject, they are also appended to its message)."""
+    under :data:`WARNINGS_KEY` (for a reject, they are also appended to its message). An image in
+    the q92 sample (``q92_rate``, see :func:`~prx_assets.core.ingest.jpeg_quality.in_sample`) that
+    is stored as JPEG also carries its cycle curve under :data:`Q92_KEY`."""
+    started = time.perf_counter()
     with collect() as warns:
-        row, rej = _process_item(item, source, batch, settings, fingerprint)
+        row, rej = _process_item(item, source, batch, settings, fingerprint, q92_rate)
     if warns:
         if rej is not None:
             rej["message"] = f"{rej['message']} (decoder: {'; '.join(warns[:3])})"
         (row if row is not None else rej)[WARNINGS_KEY] = warns  # type: ignore[index]
+    (row if row is not None else rej)[SECONDS_KEY] = time.perf_counter() - started  # type: ignore[index]
     return row, rej
 
 
 def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSettings,
-                  fingerprint: str) -> Outcome:
+                  fingerprint: str, q92_rate: float = 0.0) -> Outcome:
     iid = image_id(source, item.uri)
 
     def reject(reason: str, message: str, size: int = 0) -> Outcome:
@@ -148,14 +162,23 @@ def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSet
         if type(e).__name__ in ("ClientError", "NoSuchKey"):
             return reject(RejectReason.READ_ERROR.value, f"cannot read {item.uri}: {e}")
         raise
+    sampled = q92_rate > 0 and in_sample(iid, q92_rate)
     try:
-        n: NormalizedImage = normalize(data, settings)
+        n: NormalizedImage = normalize(data, settings, keep_rgb=sampled)
     except ImageRejected as e:
         return reject(e.reason.value, e.message, len(data))
     except Exception as e:  # decoders raise assorted types on crafted input
         log.warning("unexpected %s decoding %s: %s", type(e).__name__, item.uri, e)
         return reject(RejectReason.CORRUPT.value, f"decoder raised {type(e).__name__}: {e}", len(data))
+    extra: dict[str, Any] = {}
+    if sampled and n.stored_format == "jpeg" and n.rgb is not None:
+        started = time.perf_counter()  # on the pixels just decoded: no second read, tiles only
+        curve = cycle_curve(n.rgb, settings.jpeg_quality, settings.q92_cycles, settings.jpeg_subsampling,
+                            label=item.uri.rsplit("/", 1)[-1], max_pixels=settings.q92_tile_pixels,
+                            tile=CHECK_TILE, png_reference=settings.q92_png_reference)
+        extra = {Q92_KEY: curve.to_json(), Q92_SECONDS_KEY: time.perf_counter() - started}
     return {
+        **extra,
         "image_id": iid, "source": source, "batch": batch, "uri": item.uri,
         "jpeg": n.jpeg, "jpeg_bytes": len(n.jpeg), "width": n.width, "height": n.height,
         "orig_width": n.orig_width, "orig_height": n.orig_height, "orig_format": n.orig_format,
@@ -229,16 +252,21 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
     buckets: Counter[str] = Counter()
     formats: Counter[str] = Counter()
     fingerprint = settings.normalization_fingerprint()
+    q92_rate = sample_rate(manifest.weight, settings.q92_sample, settings.q92_sample_share)
 
     def fn(item: SourceItem) -> Outcome:
-        return process_item(item, source, batch, settings, fingerprint)
+        return process_item(item, source, batch, settings, fingerprint, q92_rate)
 
     def batches() -> Iterator[pa.RecordBatch]:
         rows: list[dict[str, Any]] = []
         outcomes = ordered_map(fn, iter_items(manifest, reader), settings.effective_workers())
         for done, (row, rej) in enumerate(outcomes, 1):
             warns = (row or rej or {}).pop(WARNINGS_KEY, None)
+            result.work_seconds += (row or rej or {}).pop(SECONDS_KEY, 0.0)
             lossless = row.pop(LOSSLESS_KEY, None) if row is not None else None
+            if row is not None and Q92_KEY in row:
+                result.q92_curves.append(row.pop(Q92_KEY))
+                result.q92_seconds += row.pop(Q92_SECONDS_KEY)
             if warns:
                 result.decoder_warnings += len(warns)
                 if len(result.warning_examples) < 20:

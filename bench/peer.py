@@ -1,0 +1,260 @@
+"""Ingest against the peer tool: the whole ``prx-assets run --select raw_images`` command vs
+img2dataset's whole command, on the same files, in one run, sides alternated.
+
+The corpus: ``PRX_BENCH_PEER_IMAGES`` (2,000) JPEGs of 0.4-1.6 Mpx, cut from generated scenes,
+kept under ``~/.cache/prx-bench`` between runs. img2dataset (pinned, in its own virtualenv there,
+installed from the package index on first use) reads them over HTTP from 127.0.0.1, as its
+maintainer recommends for files on disk: ``processes_count=2``, ``thread_count=16``, webdataset
+output, JPEG q92 re-encode, sha256. Ours: a folder source in partitions of 500, 2 worker threads,
+everything it does (EXIF orientation, ICC, pHash, content-aware storage, rejects, the Lance
+commit, the q92 check). Best of ``PRX_BENCH_ROUNDS`` each, after one warm-up run of each side.
+
+Also: what the q92 check costs (its share of the ingest work and its extra memory on a 24-Mpx
+image) and how far its tile estimate is from measuring the sampled images whole.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+IMAGES = int(os.environ.get("PRX_BENCH_PEER_IMAGES", "2000"))
+ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
+PARTITION = 500
+IMG2DATASET = "img2dataset==1.47.0"
+CACHE = Path(os.environ.get("PRX_BENCH_CACHE", Path.home() / ".cache" / "prx-bench"))
+REPO = Path(__file__).resolve().parents[1]
+CYCLES = 10
+
+
+def corpus(n: int = IMAGES) -> Path:
+    """``n`` distinct JPEGs (q90) of 0.4-1.6 Mpx: random crops, flips and scales of 40 generated
+    scenes (generating 2,000 scenes would take longer than the bench)."""
+    from prx_assets.core.demo.corpus import make_scene
+
+    folder = CACHE / f"peer-corpus-{n}-v1"
+    if (folder / "DONE").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "img").mkdir(parents=True)
+    rng = np.random.default_rng(16)
+    scenes = [make_scene(np.random.default_rng(1000 + i), 1600, 1200).image for i in range(40)]
+    for i in range(n):
+        base = scenes[i % len(scenes)]
+        mpx = rng.uniform(0.4, 1.6) * 1e6
+        ratio = float(rng.choice([1.0, 4 / 3, 3 / 4, 3 / 2, 2 / 3, 16 / 9]))
+        w = int(min(1600, (mpx * ratio) ** 0.5))
+        h = int(min(1200, w / ratio))
+        x, y = int(rng.integers(0, 1600 - w + 1)), int(rng.integers(0, 1200 - h + 1))
+        im = base.crop((x, y, x + w, y + h))
+        if rng.random() < 0.5:
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        if im.size[0] * im.size[1] < 0.4e6:  # a crop near the scene's edge: scale it back up
+            s = (0.4e6 / (im.size[0] * im.size[1])) ** 0.5 * 1.01
+            im = im.resize((int(im.size[0] * s) + 1, int(im.size[1] * s) + 1), Image.Resampling.BICUBIC)
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=90)
+        (folder / "img" / f"{i:05d}.jpg").write_bytes(buf.getvalue())
+    (folder / "DONE").write_text(str(n))
+    return folder
+
+
+def peer_venv() -> Path:
+    """img2dataset's own virtualenv (created and installed on first use)."""
+    venv = CACHE / IMG2DATASET.replace("==", "-")
+    exe = venv / "bin" / "img2dataset"
+    if not exe.exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", IMG2DATASET], check=True)
+    return exe
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_img2dataset(exe: Path, urls: Path, out: Path) -> float:
+    """Seconds for img2dataset's whole command; checks that every image came out."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [str(exe), "--url_list", str(urls), "--input_format", "txt", "--output_folder", str(out),
+           "--output_format", "webdataset", "--processes_count", "2", "--thread_count", "16",
+           "--resize_mode", "no", "--encode_format", "jpg", "--encode_quality", "92",
+           "--compute_hash", "sha256", "--number_sample_per_shard", str(PARTITION),
+           "--enable_wandb", "False", "--distributor", "multiprocessing", "--retries", "0"]
+    env = {**os.environ, "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    took = time.perf_counter() - t
+    ok = sum(json.loads(p.read_text()).get("successes", 0) for p in out.glob("*_stats.json"))
+    if ok != IMAGES:
+        raise RuntimeError(f"img2dataset wrote {ok} of {IMAGES} images (see {out})")
+    return took
+
+
+def _prx_env(work: Path, folder: Path) -> dict[str, str]:
+    config = work / "config"
+    if not config.exists():
+        shutil.copytree(REPO / "config", config)
+        (config / "sources.yaml").write_text(
+            "ingest:\n  workers: 2\nsources:\n"
+            f"  - name: peer\n    kind: folder\n    path: {folder / 'img'}\n    batch_size: {PARTITION}\n")
+    return {**os.environ, "PRX_DATA_ROOT": str(work / "data"), "PRX_CONFIG_DIR": str(config),
+            "DAGSTER_HOME": str(work / "home")}
+
+
+def run_ours(work: Path, folder: Path) -> tuple[float, dict[str, Any]]:
+    """Seconds for the whole ``prx-assets run --select raw_images`` on a fresh data root and
+    instance, and what its materializations and checks recorded."""
+    shutil.rmtree(work, ignore_errors=True)
+    env = _prx_env(work, folder)
+    cli = str(Path(sys.executable).parent / "prx-assets")
+    t = time.perf_counter()
+    out = subprocess.run([cli, "run", "--select", "raw_images"], cwd=REPO, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t
+    if out.returncode != 0:
+        raise RuntimeError(f"prx-assets run failed:\n{out.stdout}\n{out.stderr}")
+    return took, _recorded(env)
+
+
+def _recorded(env: dict[str, str]) -> dict[str, Any]:
+    """Ingest seconds, q92 seconds and work seconds summed over the partitions (from the instance)."""
+    code = (
+        "import json, dagster as dg\n"
+        "i = dg.DagsterInstance.get()\n"
+        "recs = i.fetch_materializations(dg.AssetKey('raw_images'), limit=1000).records\n"
+        "md = [r.asset_materialization.metadata for r in recs]\n"
+        "print(json.dumps({'partitions': len(md), 'rows': sum(m['dagster/row_count'].value for m in md),\n"
+        "  'ingest_seconds': sum(m['seconds'].value for m in md),\n"
+        "  'q92_seconds': sum(m['q92_check_seconds'].value for m in md),\n"
+        "  'q92_share': [m['q92_check_share'].value for m in md],\n"
+        "  'sampled': sum(len(m['q92_cycle_sample'].value['curves']) for m in md)}))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _peak_mb(args: tuple[int, int]) -> float:
+    """Extra peak memory (MB) of the ingest-time q92 experiment on one ``w``x``h`` image already
+    decoded (as at ingest), in a fresh process."""
+    import resource
+
+    from prx_assets.core.config.project import IngestSettings
+    from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, cycle_curve
+
+    w, h = args
+    s = IngestSettings()
+    rng = np.random.default_rng(3)
+    small = rng.integers(0, 255, (h // 8, w // 8, 3), dtype=np.uint8)
+    rgb = Image.fromarray(small).resize((w, h), Image.Resampling.BILINEAR)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cycle_curve(rgb, s.jpeg_quality, s.q92_cycles, s.jpeg_subsampling, max_pixels=s.q92_tile_pixels,
+                tile=CHECK_TILE, png_reference=s.q92_png_reference)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+def estimate_error(folder: Path) -> dict[str, float]:
+    """The check's tile estimate against measuring the same sampled images whole, on the first
+    partition of the corpus (images drawn as ingest draws them)."""
+    from prx_assets.core.config.project import IngestSettings
+    from prx_assets.core.ingest.images import prepare_rgb
+    from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, in_sample, run_experiment, sample_rate
+    from prx_assets.core.lab.schema import image_id
+
+    s = IngestSettings()
+    paths = sorted((folder / "img").glob("*.jpg"))[:PARTITION]
+    rate = sample_rate(len(paths), s.q92_sample, s.q92_sample_share)
+    picked = [p for p in paths if in_sample(image_id("peer", str(p)), rate)]
+    images = [(p.name, prepare_rgb(p.read_bytes(), s).rgb) for p in picked]
+    tiles = run_experiment(images, s.jpeg_quality, CYCLES, s.q92_min_psnr_db, max_pixels=s.q92_tile_pixels,
+                           tile=CHECK_TILE, png_reference=False)
+    whole = run_experiment(images, s.jpeg_quality, CYCLES, s.q92_min_psnr_db, max_pixels=0, png_reference=False)
+    err = max(abs(a - b) for a, b in zip(tiles.mean_curve, whole.mean_curve, strict=True))
+    return {"sampled": len(images), "psnr_estimate_error_db": round(err, 3),
+            "tiles_curve_db": [round(v, 2) for v in tiles.mean_curve],
+            "whole_curve_db": [round(v, 2) for v in whole.mean_curve],
+            "measured_pixels_share": round(sum(c.measured_pixels for c in tiles.curves)
+                                           / sum(c.measured_pixels for c in whole.curves), 4)}
+
+
+def run() -> dict[str, Any]:
+    """Run the benchmark and return its figures."""
+    folder = corpus()
+    exe = peer_venv()
+    tmp = Path(tempfile.mkdtemp(prefix="prx-peer-"))
+    urls = tmp / "urls.txt"
+    port = _free_port()
+    urls.write_text("".join(f"http://127.0.0.1:{port}/img/{p.name}\n" for p in sorted((folder / "img").glob("*.jpg"))))
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                               "--directory", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        run_img2dataset(exe, urls, tmp / "i2d")  # warm-up, both sides
+        run_ours(tmp / "ours", folder)
+        peer: list[float] = []
+        ours: list[tuple[float, dict[str, Any]]] = []
+        for r in range(ROUNDS):
+            sides = [lambda: peer.append(run_img2dataset(exe, urls, tmp / "i2d")),
+                     lambda: ours.append(run_ours(tmp / "ours", folder))]
+            for side in sides if r % 2 == 0 else sides[::-1]:  # ABAB
+                side()
+    finally:
+        server.terminate()
+        server.wait()
+    best_peer = min(peer)
+    best_ours, rec = min(ours, key=lambda x: x[0])
+    with mp.get_context("spawn").Pool(1) as pool:
+        peak = pool.map(_peak_mb, [(6000, 4000)])[0]
+    err = estimate_error(folder)
+    shutil.rmtree(tmp, ignore_errors=True)
+    overhead = (best_ours - rec["ingest_seconds"]) / rec["partitions"]
+    return {
+        "images": IMAGES, "rounds": ROUNDS, "cpus": os.cpu_count(), "partitions": rec["partitions"],
+        "img2dataset_seconds": [round(v, 2) for v in peer], "ours_seconds": [round(v[0], 2) for v in ours],
+        "img2dataset_images_per_s": round(IMAGES / best_peer, 1), "ours_images_per_s": round(IMAGES / best_ours, 1),
+        "ours_ingest_step_seconds": round(rec["ingest_seconds"], 2),
+        "whole_command_vs_img2dataset": round(best_peer / best_ours, 3),
+        "ingest_step_vs_img2dataset": round(best_peer / rec["ingest_seconds"], 3),
+        "q92_check_share": round(float(np.mean(rec["q92_share"])), 4),
+        "q92_check_seconds": round(rec["q92_seconds"], 3),
+        "q92_sampled": rec["sampled"],
+        "q92_check_peak_mb": round(peak, 1),
+        **err,
+        "overhead_per_partition_s": round(overhead, 3),
+    }
+
+
+def format_table(r: dict[str, Any]) -> str:
+    """Human-readable table."""
+    return "\n".join([
+        f"ingest vs {IMG2DATASET} on {r['images']} JPEGs of 0.4-1.6 Mpx, {r['partitions']} partitions, best of "
+        f"{r['rounds']}, {r['cpus']} CPUs",
+        f"  img2dataset whole command:        {r['img2dataset_images_per_s']:>8} images/s  {r['img2dataset_seconds']}",
+        f"  prx-assets run --select raw_images: {r['ours_images_per_s']:>6} images/s  {r['ours_seconds']}",
+        f"  whole command vs img2dataset:     {r['whole_command_vs_img2dataset']}  (target >= 1.0)",
+        f"  ingest step vs img2dataset:       {r['ingest_step_vs_img2dataset']}",
+        f"  overhead per partition:           {r['overhead_per_partition_s']} s (whole command minus ingest step)",
+        f"  q92 check: {r['q92_sampled']} images sampled, {r['q92_check_seconds']} s, "
+        f"{r['q92_check_share']:.2%} of the ingest work (target <= 5%), {r['q92_check_peak_mb']} MB extra on 24 Mpx",
+        f"  q92 tile estimate vs whole images: {r['psnr_estimate_error_db']} dB at worst over {CYCLES} cycles "
+        f"(target <= 0.3), {r['measured_pixels_share']:.1%} of the pixels",
+    ])
