@@ -6,7 +6,6 @@ resolve the data root and config when a run or sensor uses them.
 
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 
 from prx_assets.defs.curation import curated_subsets
 from prx_assets.defs.enrichment import caption_quality, image_embeddings, recaptions
@@ -21,6 +20,7 @@ from prx_assets.defs.mixture import training_mixture
 from prx_assets.defs.shards import mds_readback, mds_shards
 from prx_assets.defs.training import training_run, training_sensor
 from prx_assets.resources.models import CaptionerResource, EmbedderResource
+from prx_assets.resources.s3 import PrxS3Resource as S3Resource
 from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 

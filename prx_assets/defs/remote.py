@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 
 from prx_assets.core.config.project import config_dir, data_root
 from prx_assets.core.jobs.render import job_name_for
 from prx_assets.resources.models import CaptionerResource, EmbedderResource
+from prx_assets.resources.s3 import PrxS3Resource as S3Resource
 from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
