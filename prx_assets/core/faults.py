@@ -16,7 +16,8 @@ import signal
 CRASH_ENV = "PRX_CRASH_AT"
 
 
-def crash_point(name: str) -> None:
-    """Die here with SIGKILL when ``PRX_CRASH_AT`` equals ``name`` (a no-op otherwise)."""
-    if os.environ.get(CRASH_ENV) == name:
+def crash_point(name: str, armed: str | None = None) -> None:
+    """Die here with SIGKILL when ``PRX_CRASH_AT`` (or ``armed``, the value the parent of a pool
+    process read from it) equals ``name`` (a no-op otherwise)."""
+    if (armed if armed is not None else os.environ.get(CRASH_ENV)) == name:
         os.kill(os.getpid(), signal.SIGKILL)

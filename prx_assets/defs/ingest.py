@@ -105,6 +105,7 @@ def ingest_metadata(result: IngestResult, fingerprint: str, settings: IngestSett
         "rows_inserted_updated_deleted": dg.MetadataValue.text(
             f"{result.inserted}/{result.updated}/{result.deleted}"),
         "seconds": dg.MetadataValue.float(round(result.seconds, 3)),
+        "worker_processes": dg.MetadataValue.int(result.processes),
         "images_per_second": dg.MetadataValue.float(
             round(total / result.seconds, 2) if result.seconds else 0.0),
         FINGERPRINT_KEY: dg.MetadataValue.text(fingerprint),

@@ -51,3 +51,10 @@ def collect() -> Iterator[list[str]]:
         yield out
     finally:
         _sink.messages = previous
+
+
+def record(messages: list[str]) -> None:
+    """Add warnings collected elsewhere (a worker process) to this thread's :func:`collect` list."""
+    sink = getattr(_sink, "messages", None)
+    if sink is not None:
+        sink.extend(messages)

@@ -24,9 +24,10 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.faults import crash_point
 from prx_assets.core.ingest.batches import BatchManifest
 from prx_assets.core.ingest.decoder_warnings import collect, routed
-from prx_assets.core.ingest.images import ImageRejected, NormalizedImage, RejectReason, normalize
-from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, cycle_curve, in_sample, sample_rate
+from prx_assets.core.ingest.images import ImageRejected, RejectReason
+from prx_assets.core.ingest.jpeg_quality import in_sample, sample_rate
 from prx_assets.core.ingest.sources import SourceItem, SourceReader
+from prx_assets.core.ingest.worker import DecoderError, normalize_in_pool, normalize_item
 from prx_assets.core.lab.schema import (
     IMAGES_SCHEMA,
     IMAGES_TABLE,
@@ -83,6 +84,8 @@ class IngestResult:
     q92_curves: list[dict[str, Any]] = field(default_factory=list)
     q92_seconds: float = 0.0
     work_seconds: float = 0.0
+    #: Worker processes that decoded and encoded (1: this process's threads).
+    processes: int = 1
 
     @property
     def lossless_share(self) -> float:
@@ -128,14 +131,15 @@ SECONDS_KEY = "_seconds"
 
 
 def process_item(item: SourceItem, source: str, batch: str, settings: IngestSettings,
-                 fingerprint: str, q92_rate: float = 0.0) -> Outcome:
+                 fingerprint: str, q92_rate: float = 0.0, processes: int = 1) -> Outcome:
     """Normalize one item into ``(row, None)`` or ``(None, reject_row)``; decoder warnings ride along
     under :data:`WARNINGS_KEY` (for a reject, they are also appended to its message). An image in
     the q92 sample (``q92_rate``, see :func:`~prx_assets.core.ingest.jpeg_quality.in_sample`) that
-    is stored as JPEG also carries its cycle curve under :data:`Q92_KEY`."""
+    is stored as JPEG also carries its cycle curve under :data:`Q92_KEY`. With ``processes`` above 1
+    the decoding and encoding run in that many worker processes (see :mod:`.worker`)."""
     started = time.perf_counter()
     with collect() as warns:
-        row, rej = _process_item(item, source, batch, settings, fingerprint, q92_rate)
+        row, rej = _process_item(item, source, batch, settings, fingerprint, q92_rate, processes)
     if warns:
         if rej is not None:
             rej["message"] = f"{rej['message']} (decoder: {'; '.join(warns[:3])})"
@@ -145,7 +149,7 @@ def process_item(item: SourceItem, source: str, batch: str, settings: IngestSett
 
 
 def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSettings,
-                  fingerprint: str, q92_rate: float = 0.0) -> Outcome:
+                  fingerprint: str, q92_rate: float = 0.0, processes: int = 1) -> Outcome:
     iid = image_id(source, item.uri)
 
     def reject(reason: str, message: str, size: int = 0) -> Outcome:
@@ -163,20 +167,24 @@ def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSet
             return reject(RejectReason.READ_ERROR.value, f"cannot read {item.uri}: {e}")
         raise
     sampled = q92_rate > 0 and in_sample(iid, q92_rate)
+    label = item.uri.rsplit("/", 1)[-1]
     try:
-        n: NormalizedImage = normalize(data, settings, keep_rgb=sampled)
+        if processes > 1:
+            done = normalize_in_pool(data, settings, sampled, label, processes)
+        else:
+            done = normalize_item(data, settings, sampled, label)
     except ImageRejected as e:
         return reject(e.reason.value, e.message, len(data))
+    except DecoderError as e:
+        log.warning("unexpected %s decoding %s: %s", e.kind, item.uri, e.message)
+        return reject(RejectReason.CORRUPT.value, f"decoder raised {e.kind}: {e.message}", len(data))
     except Exception as e:  # decoders raise assorted types on crafted input
         log.warning("unexpected %s decoding %s: %s", type(e).__name__, item.uri, e)
         return reject(RejectReason.CORRUPT.value, f"decoder raised {type(e).__name__}: {e}", len(data))
+    n = done.image
     extra: dict[str, Any] = {}
-    if sampled and n.stored_format == "jpeg" and n.rgb is not None:
-        started = time.perf_counter()  # on the pixels just decoded: no second read, tiles only
-        curve = cycle_curve(n.rgb, settings.jpeg_quality, settings.q92_cycles, settings.jpeg_subsampling,
-                            label=item.uri.rsplit("/", 1)[-1], max_pixels=settings.q92_tile_pixels,
-                            tile=CHECK_TILE, png_reference=settings.q92_png_reference)
-        extra = {Q92_KEY: curve.to_json(), Q92_SECONDS_KEY: time.perf_counter() - started}
+    if done.curve is not None:
+        extra = {Q92_KEY: done.curve, Q92_SECONDS_KEY: done.q92_seconds}
     return {
         **extra,
         "image_id": iid, "source": source, "batch": batch, "uri": item.uri,
@@ -253,13 +261,16 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
     formats: Counter[str] = Counter()
     fingerprint = settings.normalization_fingerprint()
     q92_rate = sample_rate(manifest.weight, settings.q92_sample, settings.q92_sample_share)
+    processes = settings.effective_processes(manifest.weight)
+    result.processes = processes
 
     def fn(item: SourceItem) -> Outcome:
-        return process_item(item, source, batch, settings, fingerprint, q92_rate)
+        return process_item(item, source, batch, settings, fingerprint, q92_rate, processes)
 
     def batches() -> Iterator[pa.RecordBatch]:
         rows: list[dict[str, Any]] = []
-        outcomes = ordered_map(fn, iter_items(manifest, reader), settings.effective_workers())
+        # With worker processes, one thread per process at least (each waits on its item there).
+        outcomes = ordered_map(fn, iter_items(manifest, reader), max(settings.effective_workers(), processes))
         for done, (row, rej) in enumerate(outcomes, 1):
             warns = (row or rej or {}).pop(WARNINGS_KEY, None)
             result.work_seconds += (row or rej or {}).pop(SECONDS_KEY, 0.0)

@@ -1,0 +1,150 @@
+"""The CPU part of ingesting one image (normalize, plus the q92 cycles when it is in the sample),
+in this thread or in a pool of worker processes.
+
+About 40% of a 1-Mpx JPEG's ingest runs Python with the GIL held (header and EXIF parsing,
+hashing, the PSNR histograms, numpy), so threads alone top out near 1.4x on two cores. With
+``processes`` above 1, threads still read the files (I/O) and hand the bytes to a pool of
+processes (forkserver: clean children that fork fast, whatever threads Lance started in this
+one) that stays up for the life of the process and is shared by every partition it ingests.
+A child that dies (a decoder crash, the OOM killer) breaks the pool: each item that was in flight
+runs again alone in a fresh process, the pool is rebuilt for the rest, and an item that kills its
+process alone too is rejected (``corrupt``); the run goes on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import multiprocessing as mp
+import os
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from prx_assets.core.config.project import IngestSettings
+from prx_assets.core.faults import CRASH_ENV, crash_point
+from prx_assets.core.ingest.decoder_warnings import collect, record, routed
+from prx_assets.core.ingest.images import ImageRejected, NormalizedImage, RejectReason, normalize
+from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, cycle_curve
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalized:
+    """One image's CPU work: the normalized image (without its pixels), the q92 curve when it
+    was sampled (``CycleCurve.to_json``) and the seconds that took."""
+
+    image: NormalizedImage
+    curve: dict[str, Any] | None = None
+    q92_seconds: float = 0.0
+
+
+def normalize_item(data: bytes, settings: IngestSettings, sampled: bool, label: str) -> Normalized:
+    """Normalize one image; a sampled one stored as JPEG also runs the q92 cycles on its pixels.
+
+    Raises
+    ------
+    ImageRejected
+        As :func:`~prx_assets.core.ingest.images.normalize`.
+    """
+    n = normalize(data, settings, keep_rgb=sampled)
+    if not (sampled and n.stored_format == "jpeg" and n.rgb is not None):
+        return Normalized(dataclasses.replace(n, rgb=None))
+    started = time.perf_counter()  # on the pixels just decoded: no second read, tiles only
+    curve = cycle_curve(n.rgb, settings.jpeg_quality, settings.q92_cycles, settings.jpeg_subsampling,
+                        label=label, max_pixels=settings.q92_tile_pixels, tile=CHECK_TILE,
+                        png_reference=settings.q92_png_reference)
+    return Normalized(dataclasses.replace(n, rgb=None), curve.to_json(), time.perf_counter() - started)
+
+
+def _in_child(data: bytes, settings: IngestSettings, sampled: bool, label: str,
+              crash_at: str | None = None) -> tuple[Any, ...]:
+    """:func:`normalize_item` in a pool process: outcomes as plain tuples (exceptions with custom
+    constructors do not survive pickling), with the file's decoder warnings. ``crash_at``: the
+    parent's ``PRX_CRASH_AT`` (fault tests kill the child at ``ingest.worker:<file name>``)."""
+    crash_point(f"ingest.worker:{label}", crash_at or "")
+    with routed(), collect() as warns:
+        try:
+            return ("ok", normalize_item(data, settings, sampled, label), warns)
+        except ImageRejected as e:
+            return ("rejected", e.reason.value, e.message, warns)
+        except Exception as e:  # decoders raise assorted types on crafted input
+            return ("error", type(e).__name__, str(e), warns)
+
+
+class DecoderError(Exception):
+    """A decoder raised something other than a rejection (the caller records it as ``corrupt``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+_POOLS: dict[int, ProcessPoolExecutor] = {}  # by size: partitions with other settings never share one
+_POOL_LOCK = threading.Lock()
+
+
+def _context() -> Any:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["prx_assets.core.ingest.worker"])
+    return ctx
+
+
+def _pool(size: int) -> ProcessPoolExecutor:
+    with _POOL_LOCK:
+        pool = _POOLS.get(size)
+        if pool is None:
+            pool = _POOLS[size] = ProcessPoolExecutor(max_workers=size, mp_context=_context())
+        return pool
+
+
+def _reset(broken: ProcessPoolExecutor) -> None:
+    with _POOL_LOCK:
+        for size, pool in list(_POOLS.items()):
+            if pool is broken:
+                del _POOLS[size]
+                pool.shutdown(wait=False, cancel_futures=True)
+
+
+@atexit.register
+def shutdown_pool() -> None:
+    """Stop the worker processes (at exit; tests call it too)."""
+    with _POOL_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def normalize_in_pool(data: bytes, settings: IngestSettings, sampled: bool, label: str,
+                      processes: int) -> Normalized:
+    """:func:`normalize_item` in a pool of ``processes`` processes (blocking this thread until it
+    is done); the child's decoder warnings join this thread's (see :func:`~.decoder_warnings.collect`).
+
+    Raises
+    ------
+    ImageRejected
+        As :func:`normalize_item`, or ``corrupt`` when the file kills a worker process alone.
+    DecoderError
+        When a decoder raised anything else.
+    """
+    args = (_in_child, data, settings, sampled, label, os.environ.get(CRASH_ENV))
+    pool = _pool(processes)
+    try:
+        out = pool.submit(*args).result()
+    except BrokenProcessPool:  # a process of the pool died: this file's, or another in flight
+        _reset(pool)
+        with ProcessPoolExecutor(max_workers=1, mp_context=_context()) as alone:
+            try:
+                out = alone.submit(*args).result()
+            except BrokenProcessPool:
+                raise ImageRejected(RejectReason.CORRUPT, "the decoder's worker process died on this file, "
+                                    "alone in a fresh process too (a decoder crash or the OOM killer)") from None
+    record(out[-1])
+    if out[0] == "ok":
+        return out[1]
+    if out[0] == "rejected":
+        raise ImageRejected(RejectReason(out[1]), out[2])
+    raise DecoderError(out[1], out[2])
