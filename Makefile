@@ -35,7 +35,7 @@ validate: venv $(DAGSTER_HOME)/dagster.yaml
 
 # Everything, as CI runs it (SLURM, browser, PostgreSQL, S3 tiers included).
 test: venv lint
-	$(VENV)/bin/pytest -q -ra
+	$(VENV)/bin/pytest -q -ra --durations=30
 
 # Unit + asset tests (no external services): the loop while developing, a minute or two.
 test-fast: venv lint

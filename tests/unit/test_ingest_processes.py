@@ -73,3 +73,32 @@ def test_default_uses_processes_only_for_large_partitions() -> None:
     assert s.effective_processes(10) == 1
     assert s.effective_processes(500) == (cpus if cpus > 1 else 1)
     assert dataclasses.replace(s, processes=1).effective_processes(500) == 1
+
+
+def test_where_worker_processes_cannot_run_threads_do_the_same_work(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes that cannot start, or that die whatever they run (a script without a main guard),
+    never turn into rejects: the threads decode instead, once warned."""
+    from prx_assets.core.ingest import worker
+
+    class NoStart:
+        def submit(self, *a: object, **k: object) -> None:
+            raise RuntimeError("can't start new process")
+
+    folder = tmp_path / "files"
+    write_folder_corpus(folder, n=6, broken=False)
+    monkeypatch.setattr(worker, "_UNAVAILABLE", [])
+    monkeypatch.setattr(worker, "_pool", lambda size: NoStart())
+    rows, rejects, _ = _ingest(folder, tmp_path / "a", processes=2)
+    assert len(rows) == 6 and not rejects and "RuntimeError" in worker._UNAVAILABLE[0]
+
+    monkeypatch.undo()
+    monkeypatch.setattr(worker, "_UNAVAILABLE", [])
+    monkeypatch.setattr(worker, "_healthy", lambda: False)  # every process dies, whatever it runs
+    victim = sorted(p.name for p in folder.rglob("*.*"))[0]
+    monkeypatch.setenv("PRX_CRASH_AT", f"ingest.worker:{victim}")
+    try:
+        rows, rejects, _ = _ingest(folder, tmp_path / "b", processes=2)
+    finally:
+        shutdown_pool()
+    assert len(rows) == 6 and not rejects and "die before doing any work" in worker._UNAVAILABLE[0]

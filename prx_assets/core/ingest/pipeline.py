@@ -169,18 +169,20 @@ def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSet
     sampled = q92_rate > 0 and in_sample(iid, q92_rate)
     label = item.uri.rsplit("/", 1)[-1]
     try:
-        if processes > 1:
+        if processes > 1:  # anything but a verdict on the file (the pool itself failing) fails the run
             done = normalize_in_pool(data, settings, sampled, label, processes)
         else:
-            done = normalize_item(data, settings, sampled, label)
+            try:
+                done = normalize_item(data, settings, sampled, label)
+            except ImageRejected:
+                raise
+            except Exception as e:  # decoders raise assorted types on crafted input
+                raise DecoderError(type(e).__name__, str(e)) from e
     except ImageRejected as e:
         return reject(e.reason.value, e.message, len(data))
     except DecoderError as e:
         log.warning("unexpected %s decoding %s: %s", e.kind, item.uri, e.message)
         return reject(RejectReason.CORRUPT.value, f"decoder raised {e.kind}: {e.message}", len(data))
-    except Exception as e:  # decoders raise assorted types on crafted input
-        log.warning("unexpected %s decoding %s: %s", type(e).__name__, item.uri, e)
-        return reject(RejectReason.CORRUPT.value, f"decoder raised {type(e).__name__}: {e}", len(data))
     n = done.image
     extra: dict[str, Any] = {}
     if done.curve is not None:
@@ -269,8 +271,9 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
 
     def batches() -> Iterator[pa.RecordBatch]:
         rows: list[dict[str, Any]] = []
-        # With worker processes, one thread per process at least (each waits on its item there).
-        outcomes = ordered_map(fn, iter_items(manifest, reader), max(settings.effective_workers(), processes))
+        # With worker processes, two threads per process (each thread waits on its item there, so
+        # one reads the next file while the other's is decoded: 1.54x on 2 CPUs against 1.45x with one).
+        outcomes = ordered_map(fn, iter_items(manifest, reader), max(settings.effective_workers(), 2 * processes))
         for done, (row, rej) in enumerate(outcomes, 1):
             warns = (row or rej or {}).pop(WARNINGS_KEY, None)
             result.work_seconds += (row or rej or {}).pop(SECONDS_KEY, 0.0)

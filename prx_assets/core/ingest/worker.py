@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
 import multiprocessing as mp
 import os
 import threading
@@ -82,6 +83,7 @@ class DecoderError(Exception):
         self.message = message
 
 
+log = logging.getLogger(__name__)
 _POOLS: dict[int, ProcessPoolExecutor] = {}  # by size: partitions with other settings never share one
 _POOL_LOCK = threading.Lock()
 
@@ -118,10 +120,42 @@ def shutdown_pool() -> None:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+_UNAVAILABLE: list[str] = []  # why worker processes cannot run in this process (then threads do the work)
+
+
+def _unavailable(why: str) -> None:
+    with _POOL_LOCK:
+        if not _UNAVAILABLE:
+            _UNAVAILABLE.append(why)
+            log.warning("ingest worker processes are unavailable (%s); decoding in threads instead (the same "
+                        "results, slower). A script that ingests needs `if __name__ == '__main__':` around its "
+                        "top-level code (worker processes import the main module), or set ingest processes: 1",
+                        why.strip().splitlines()[0][:300])
+
+
+def _alone(*args: Any) -> tuple[Any, ...]:
+    with ProcessPoolExecutor(max_workers=1, mp_context=_context()) as alone:
+        return alone.submit(*args).result()
+
+
+def _probe() -> bool:
+    return True
+
+
+def _healthy() -> bool:
+    """Whether a fresh worker process can run a trivial task at all."""
+    try:
+        return bool(_alone(_probe))
+    except (BrokenProcessPool, RuntimeError, OSError):
+        return False
+
+
 def normalize_in_pool(data: bytes, settings: IngestSettings, sampled: bool, label: str,
                       processes: int) -> Normalized:
     """:func:`normalize_item` in a pool of ``processes`` processes (blocking this thread until it
     is done); the child's decoder warnings join this thread's (see :func:`~.decoder_warnings.collect`).
+    Where worker processes cannot start or die whatever they run, this process's threads do the
+    work instead (logged once): the results are the same.
 
     Raises
     ------
@@ -130,18 +164,27 @@ def normalize_in_pool(data: bytes, settings: IngestSettings, sampled: bool, labe
     DecoderError
         When a decoder raised anything else.
     """
+    if _UNAVAILABLE:
+        return normalize_item(data, settings, sampled, label)
     args = (_in_child, data, settings, sampled, label, os.environ.get(CRASH_ENV))
     pool = _pool(processes)
     try:
         out = pool.submit(*args).result()
     except BrokenProcessPool:  # a process of the pool died: this file's, or another in flight
         _reset(pool)
-        with ProcessPoolExecutor(max_workers=1, mp_context=_context()) as alone:
-            try:
-                out = alone.submit(*args).result()
-            except BrokenProcessPool:
-                raise ImageRejected(RejectReason.CORRUPT, "the decoder's worker process died on this file, "
-                                    "alone in a fresh process too (a decoder crash or the OOM killer)") from None
+        try:
+            out = _alone(*args)
+        except BrokenProcessPool:
+            if not _healthy():  # processes die whatever they run: not this file's doing
+                _unavailable("worker processes die before doing any work")
+                return normalize_item(data, settings, sampled, label)
+            raise ImageRejected(RejectReason.CORRUPT, "the decoder's worker process died on this file, "
+                                "alone in a fresh process too (a decoder crash or the OOM killer)") from None
+    except (RuntimeError, OSError) as e:  # processes cannot start here
+        if getattr(mp.current_process(), "_inheriting", False):
+            raise  # a worker importing an unguarded main script: fail its start-up, as multiprocessing does
+        _unavailable(f"{type(e).__name__}: {str(e).strip()}")
+        return normalize_item(data, settings, sampled, label)
     record(out[-1])
     if out[0] == "ok":
         return out[1]
