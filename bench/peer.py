@@ -148,11 +148,17 @@ def _recorded(env: dict[str, str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def _peak_mb(args: tuple[int, int]) -> float:
     """Extra peak memory (MB) of the ingest-time q92 experiment on one ``w``x``h`` image already
-    decoded (as at ingest), in a fresh process."""
-    import resource
-
+    decoded (as at ingest), in a fresh process: the peak RSS is reset (``/proc/self/clear_refs``)
+    once the image exists, and read back after the experiment."""
     from prx_assets.core.config.project import IngestSettings
     from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, cycle_curve
 
@@ -161,10 +167,12 @@ def _peak_mb(args: tuple[int, int]) -> float:
     rng = np.random.default_rng(3)
     small = rng.integers(0, 255, (h // 8, w // 8, 3), dtype=np.uint8)
     rgb = Image.fromarray(small).resize((w, h), Image.Resampling.BILINEAR)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    del small
+    before = _status_kb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
     cycle_curve(rgb, s.jpeg_quality, s.q92_cycles, s.jpeg_subsampling, max_pixels=s.q92_tile_pixels,
                 tile=CHECK_TILE, png_reference=s.q92_png_reference)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return (_status_kb("VmHWM") - before) / 1024
 
 
 def estimate_error(folder: Path) -> dict[str, float]:

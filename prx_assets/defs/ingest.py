@@ -8,7 +8,6 @@ from typing import Any
 
 import dagster as dg
 import numpy as np
-from dagster_aws.s3 import S3Resource
 
 from prx_assets.core.config.project import IngestSettings, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
@@ -36,7 +35,7 @@ from prx_assets.defs.staleness import (
     register_fingerprint,
 )
 from prx_assets.defs.visual_metadata import batch_pictures, curve
-from prx_assets.resources.s3 import PrxS3Resource
+from prx_assets.resources.s3 import PrxS3Resource as S3Resource
 from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
@@ -119,7 +118,7 @@ def ingest_stage(res: StageResources, key: str, log: Callable[[str], None]) -> I
     cfg = sources.get(source_name)
     root = res.storage.root()
     manifest = load_manifest(root, key)
-    reader = reader_for(cfg, s3_client=(res.s3 or PrxS3Resource()).get_client)
+    reader = reader_for(cfg, s3_client=(res.s3 or S3Resource()).get_client)
     log(f"ingesting {key}: {len(manifest.units)} units ({manifest.weight} items) "
         f"from {cfg.kind} source {cfg.location}")
     result = ingest_batch(manifest, reader, root, cfg.ingest)

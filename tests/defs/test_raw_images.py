@@ -182,7 +182,8 @@ def test_definitions_are_consistent() -> None:
 
 def test_s3_source_through_s3resource_onto_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]) -> None:
     import boto3
-    from dagster_aws.s3 import S3Resource
+
+    from prx_assets.resources.s3 import PrxS3Resource as S3Resource
 
     bucket = s3_env["BUCKET"]
     client = boto3.client("s3")
