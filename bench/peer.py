@@ -35,6 +35,7 @@ IMAGES = int(os.environ.get("PRX_BENCH_PEER_IMAGES", "2000"))
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
 PARTITION = 500
 IMG2DATASET = "img2dataset==1.47.0"
+SIMPLEJPEG = "simplejpeg==1.9.0"
 CACHE = Path(os.environ.get("PRX_BENCH_CACHE", Path.home() / ".cache" / "prx-bench"))
 REPO = Path(__file__).resolve().parents[1]
 CYCLES = 10
@@ -76,11 +77,61 @@ def peer_venv() -> Path:
     """img2dataset's own virtualenv (created and installed on first use)."""
     venv = CACHE / IMG2DATASET.replace("==", "-")
     exe = venv / "bin" / "img2dataset"
-    if not exe.exists():
+    if not exe.exists() or not list((venv / "lib").glob("python*/site-packages/simplejpeg")):
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", IMG2DATASET], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", IMG2DATASET, SIMPLEJPEG, "pillow"], check=True)
     return exe
+
+
+CODEC_SCRIPT = r"""
+import io, json, sys, time
+from pathlib import Path
+files = sorted(Path(sys.argv[1]).glob("*.jpg"))[:int(sys.argv[2])]
+datas = [p.read_bytes() for p in files]
+lib = sys.argv[3]
+out = {}
+if lib == "pillow":
+    from PIL import Image
+    def dec(d):
+        im = Image.open(io.BytesIO(d)); im.load(); return im
+    def enc(im):
+        b = io.BytesIO(); im.save(b, "JPEG", quality=92, subsampling="4:2:0", optimize=False); return b.getvalue()
+elif lib == "simplejpeg":
+    import simplejpeg
+    dec = lambda d: simplejpeg.decode_jpeg(d, colorspace="RGB")
+    enc = lambda a: simplejpeg.encode_jpeg(a, quality=92, colorspace="RGB", colorsubsampling="420")
+    from PIL import Image
+    import numpy as np
+    t = time.perf_counter(); [Image.fromarray(dec(d)) for d in datas]  # handing the pixels to Pillow
+    out["decode_to_pillow_ms"] = (time.perf_counter() - t) / len(datas) * 1000
+else:
+    import cv2
+    import numpy as np
+    dec = lambda d: cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR)
+    enc = lambda a: cv2.imencode(".jpg", a, [cv2.IMWRITE_JPEG_QUALITY, 92])[1]
+ims = [dec(d) for d in datas]
+t = time.perf_counter(); [dec(d) for d in datas]; out["decode_ms"] = (time.perf_counter() - t) / len(datas) * 1000
+t = time.perf_counter(); [enc(i) for i in ims]; out["encode_ms"] = (time.perf_counter() - t) / len(datas) * 1000
+print(json.dumps(out))
+"""
+
+
+def codecs(folder: Path, exe: Path, n: int = 200) -> dict[str, dict[str, float]]:
+    """Decode and encode (q92, 4:2:0) ms per image: Pillow (this venv), simplejpeg and OpenCV
+    (img2dataset's codec; both in the peer venv), on the same files, alternated, median of rounds."""
+    import statistics
+
+    peer_python = exe.parent / "python"
+    runs: dict[str, list[dict[str, float]]] = {"pillow": [], "simplejpeg": [], "opencv": []}
+    for r in range(max(3, ROUNDS)):
+        order = list(runs) if r % 2 == 0 else list(runs)[::-1]
+        for lib in order:
+            python = sys.executable if lib == "pillow" else str(peer_python)
+            out = subprocess.run([python, "-c", CODEC_SCRIPT, str(folder / "img"), str(n), lib],
+                                 capture_output=True, text=True, check=True)
+            runs[lib].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {lib: {k: round(statistics.median(x[k] for x in v), 2) for k in v[0]} for lib, v in runs.items()}
 
 
 def _free_port() -> int:
@@ -233,6 +284,7 @@ def run() -> dict[str, Any]:
     with mp.get_context("spawn").Pool(1) as pool:
         peak = pool.map(_peak_mb, [(6000, 4000)])[0]
     err = estimate_error(folder)
+    codec = codecs(folder, exe)
     shutil.rmtree(tmp, ignore_errors=True)
     overhead = (best_ours - rec["ingest_seconds"]) / rec["partitions"]
     return {
@@ -247,6 +299,7 @@ def run() -> dict[str, Any]:
         "q92_sampled": rec["sampled"],
         "q92_check_peak_mb": round(peak, 1),
         **err,
+        "codecs_ms_per_image": codec,
         "overhead_per_partition_s": round(overhead, 3),
     }
 
@@ -265,4 +318,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"{r['q92_check_share']:.2%} of the ingest work (target <= 5%), {r['q92_check_peak_mb']} MB extra on 24 Mpx",
         f"  q92 tile estimate vs whole images: {r['psnr_estimate_error_db']} dB at worst over {CYCLES} cycles "
         f"(target <= 0.3), {r['measured_pixels_share']:.1%} of the pixels",
+        "  codecs, ms per image (decode / encode q92" + "; decode handed to Pillow):",
+        *[f"    {lib:<11} {v['decode_ms']:>6} / {v['encode_ms']:>6}"
+          + (f"; {v['decode_to_pillow_ms']}" if "decode_to_pillow_ms" in v else "")
+          for lib, v in r["codecs_ms_per_image"].items()],
     ])

@@ -27,7 +27,7 @@ from prx_assets.core.ingest.decoder_warnings import collect, routed
 from prx_assets.core.ingest.images import ImageRejected, RejectReason
 from prx_assets.core.ingest.jpeg_quality import in_sample, sample_rate
 from prx_assets.core.ingest.sources import SourceItem, SourceReader
-from prx_assets.core.ingest.worker import DecoderError, normalize_in_pool, normalize_item
+from prx_assets.core.ingest.worker import DecoderError, normalize_here, normalize_in_pool
 from prx_assets.core.lab.schema import (
     IMAGES_SCHEMA,
     IMAGES_TABLE,
@@ -172,12 +172,7 @@ def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSet
         if processes > 1:  # anything but a verdict on the file (the pool itself failing) fails the run
             done = normalize_in_pool(data, settings, sampled, label, processes)
         else:
-            try:
-                done = normalize_item(data, settings, sampled, label)
-            except ImageRejected:
-                raise
-            except Exception as e:  # decoders raise assorted types on crafted input
-                raise DecoderError(type(e).__name__, str(e)) from e
+            done = normalize_here(data, settings, sampled, label)
     except ImageRejected as e:
         return reject(e.reason.value, e.message, len(data))
     except DecoderError as e:

@@ -59,6 +59,26 @@ def normalize_item(data: bytes, settings: IngestSettings, sampled: bool, label: 
     return Normalized(dataclasses.replace(n, rgb=None), curve.to_json(), time.perf_counter() - started)
 
 
+class DecoderError(Exception):
+    """A decoder raised something other than a rejection (the caller records it as ``corrupt``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+def normalize_here(data: bytes, settings: IngestSettings, sampled: bool, label: str) -> Normalized:
+    """:func:`normalize_item` in this thread, with anything a decoder raises other than a rejection
+    as :class:`DecoderError` (the caller records the file as ``corrupt``)."""
+    try:
+        return normalize_item(data, settings, sampled, label)
+    except ImageRejected:
+        raise
+    except Exception as e:  # decoders raise assorted types on crafted input
+        raise DecoderError(type(e).__name__, str(e)) from e
+
+
 def _in_child(data: bytes, settings: IngestSettings, sampled: bool, label: str,
               crash_at: str | None = None) -> tuple[Any, ...]:
     """:func:`normalize_item` in a pool process: outcomes as plain tuples (exceptions with custom
@@ -72,15 +92,6 @@ def _in_child(data: bytes, settings: IngestSettings, sampled: bool, label: str,
             return ("rejected", e.reason.value, e.message, warns)
         except Exception as e:  # decoders raise assorted types on crafted input
             return ("error", type(e).__name__, str(e), warns)
-
-
-class DecoderError(Exception):
-    """A decoder raised something other than a rejection (the caller records it as ``corrupt``)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(f"{kind}: {message}")
-        self.kind = kind
-        self.message = message
 
 
 log = logging.getLogger(__name__)
@@ -165,26 +176,27 @@ def normalize_in_pool(data: bytes, settings: IngestSettings, sampled: bool, labe
         When a decoder raised anything else.
     """
     if _UNAVAILABLE:
-        return normalize_item(data, settings, sampled, label)
+        return normalize_here(data, settings, sampled, label)
     args = (_in_child, data, settings, sampled, label, os.environ.get(CRASH_ENV))
-    pool = _pool(processes)
     try:
-        out = pool.submit(*args).result()
-    except BrokenProcessPool:  # a process of the pool died: this file's, or another in flight
-        _reset(pool)
+        pool = _pool(processes)
         try:
-            out = _alone(*args)
-        except BrokenProcessPool:
-            if not _healthy():  # processes die whatever they run: not this file's doing
-                _unavailable("worker processes die before doing any work")
-                return normalize_item(data, settings, sampled, label)
-            raise ImageRejected(RejectReason.CORRUPT, "the decoder's worker process died on this file, "
-                                "alone in a fresh process too (a decoder crash or the OOM killer)") from None
+            out = pool.submit(*args).result()
+        except BrokenProcessPool:  # a process of the pool died: this file's, or another in flight
+            _reset(pool)
+            try:
+                out = _alone(*args)
+            except BrokenProcessPool:
+                if not _healthy():  # processes die whatever they run: not this file's doing
+                    _unavailable("worker processes die before doing any work")
+                    return normalize_here(data, settings, sampled, label)
+                raise ImageRejected(RejectReason.CORRUPT, "the decoder's worker process died on this file, "
+                                    "alone in a fresh process too (a decoder crash or the OOM killer)") from None
     except (RuntimeError, OSError) as e:  # processes cannot start here
         if getattr(mp.current_process(), "_inheriting", False):
             raise  # a worker importing an unguarded main script: fail its start-up, as multiprocessing does
         _unavailable(f"{type(e).__name__}: {str(e).strip()}")
-        return normalize_item(data, settings, sampled, label)
+        return normalize_here(data, settings, sampled, label)
     record(out[-1])
     if out[0] == "ok":
         return out[1]
