@@ -135,3 +135,22 @@ def test_check_tiles_estimate_whole_images_within_a_few_tenths_of_a_db() -> None
                            png_reference=False)
     assert sum(c.measured_pixels for c in tiles.curves) * 3 < sum(c.measured_pixels for c in whole.curves)
     assert max(abs(a - b) for a, b in zip(whole.mean_curve, tiles.mean_curve, strict=True)) < 0.3
+
+
+def test_a_tiled_curve_anchored_on_the_whole_first_cycle_keeps_the_tiles_drops() -> None:
+    from prx_assets.core.demo.corpus import make_scene
+    from prx_assets.core.ingest.images import encode_jpeg
+    from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, first_cycle_db
+
+    image = make_scene(np.random.default_rng(9), 1200, 900).image
+    first = first_cycle_db(image, encode_jpeg(image, 92))
+    whole = cycle_curve(image, 92, 3, max_pixels=0, png_reference=False)
+    assert first == pytest.approx(whole.psnr_db[0], abs=1e-6)  # the stored JPEG is the first cycle
+    plain = cycle_curve(image, 92, 3, max_pixels=S.q92_tile_pixels, tile=CHECK_TILE, png_reference=False)
+    anchored = cycle_curve(image, 92, 3, max_pixels=S.q92_tile_pixels, tile=CHECK_TILE, png_reference=False,
+                           first_db=first)
+    assert anchored.psnr_db[0] == pytest.approx(first)
+    drops = np.diff(plain.psnr_db)
+    assert np.diff(anchored.psnr_db) == pytest.approx(drops)
+    small = photo(160, 120, seed=1)  # measured whole: nothing to anchor
+    assert cycle_curve(small, 92, 2, first_db=10.0).psnr_db == cycle_curve(small, 92, 2).psnr_db

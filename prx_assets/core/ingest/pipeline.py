@@ -268,7 +268,8 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
         rows: list[dict[str, Any]] = []
         # With worker processes, two threads per process (each thread waits on its item there, so
         # one reads the next file while the other's is decoded: 1.54x on 2 CPUs against 1.45x with one).
-        outcomes = ordered_map(fn, iter_items(manifest, reader), max(settings.effective_workers(), 2 * processes))
+        threads = max(settings.effective_workers(), 2 * processes) if processes > 1 else settings.effective_workers()
+        outcomes = ordered_map(fn, iter_items(manifest, reader), threads)
         for done, (row, rej) in enumerate(outcomes, 1):
             warns = (row or rej or {}).pop(WARNINGS_KEY, None)
             result.work_seconds += (row or rej or {}).pop(SECONDS_KEY, 0.0)
