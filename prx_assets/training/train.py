@@ -61,8 +61,8 @@ def loss_picture(losses: list[float]) -> str:
 
 
 def read_spec(uri: str) -> MixtureSpec:
-    """The mixture spec from a local path or ``s3://``."""
-    if uri.startswith("s3://"):
+    """The mixture spec from a local path, ``s3://`` or ``gs://``."""
+    if uri.startswith(("s3://", "gs://")):
         from prx_assets.core.config.storage import DataRoot
 
         root, _, name = uri.rpartition("/")
@@ -143,7 +143,7 @@ def train(args: TrainerArgs) -> dict[str, Any]:
             tower = encoder.spec.tower()
         mode = "precomputed" if args.precomputed_latents else "on_the_fly"
         cache_root = args.cache_root
-        if cache_root is None and any(s.uri.startswith("s3://") for s in spec.streams):
+        if cache_root is None and any(s.uri.startswith(("s3://", "gs://")) for s in spec.streams):
             cache_root = tempfile.mkdtemp(prefix="prx-train-cache-")  # per run: shard sets never share a cache
             stack.callback(shutil.rmtree, cache_root, True)
         dataset = build_dataset(spec, batch_size=args.batch_size, resolution=args.resolution,

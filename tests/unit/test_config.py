@@ -47,7 +47,7 @@ sources:
 
 @pytest.mark.parametrize(("text", "pattern"), [
     ("sources:\n  - {name: x, kind: ftp, path: /x}\n",
-     r"sources.yaml: source 'x': unknown source kind 'ftp' \(fix: use one of: folder, s3, parquet"),
+     r"sources.yaml: source 'x': unknown source kind 'ftp' \(fix: use one of: folder, s3, gcs, parquet"),
     ("sources: [\n  - {name: x\n", r"sources.yaml: malformed YAML at line 2, column 3: .*\(fix: fix the YAML syntax\)"),
     ("sources:\n  - {name: x, kind: folder}\n", r"source 'x': missing 'path'"),
     ("sources:\n  - {name: Bad-Name, kind: folder, path: /x}\n", r"source name 'Bad-Name' is invalid"),

@@ -32,13 +32,13 @@ T = TypeVar("T")
 
 DEFAULT_DATA_ROOT = "./data"
 DEFAULT_CONFIG_DIR = "./config"
-SOURCE_KINDS = ("folder", "s3", "parquet", "webdataset")
+SOURCE_KINDS = ("folder", "s3", "gcs", "parquet", "webdataset")
 SOURCE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 DEFAULT_EXTENSIONS = ("jpg", "jpeg", "jfif", "png", "webp", "gif", "bmp", "tif", "tiff")
 DEFAULT_ASPECT_BUCKETS = (
     "9:21", "9:16", "2:3", "3:4", "4:5", "1:1", "5:4", "4:3", "3:2", "16:9", "21:9",
 )
-DEFAULT_BATCH_SIZE = {"folder": 2000, "s3": 2000, "parquet": 5000, "webdataset": 4}
+DEFAULT_BATCH_SIZE = {"folder": 2000, "s3": 2000, "gcs": 2000, "parquet": 5000, "webdataset": 4}
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -340,15 +340,16 @@ def _resolve_location(raw: str, kind: str, config_path: Path, where: str) -> str
         raise ConfigError(f"environment variable {e.args[0]} is not set", path=str(config_path),
                           entry=where, fix=f"export {e.args[0]} or write ${{{e.args[0]}:-default}}"
                           ) from None
-    if kind == "s3":
-        if not value.startswith("s3://"):
-            raise ConfigError(f"uri {value!r} is not an s3:// URI", path=str(config_path),
-                              entry=where, fix="write uri: s3://bucket/prefix")
+    scheme = {"s3": "s3://", "gcs": "gs://"}.get(kind)
+    if scheme is not None:
+        if not value.startswith(scheme):
+            raise ConfigError(f"uri {value!r} is not an {scheme} URI", path=str(config_path),
+                              entry=where, fix=f"write uri: {scheme}bucket/prefix")
         return value.rstrip("/") + "/"
     if "://" in value:
-        if not value.startswith("s3://"):
+        if not value.startswith(("s3://", "gs://")):
             raise ConfigError(f"unsupported URI scheme in {value!r}", path=str(config_path), entry=where,
-                              fix="use a filesystem path or an s3:// URI")
+                              fix="use a filesystem path, an s3:// or a gs:// URI")
         return value.rstrip("/") + "/" if kind == "folder" else value
     p = Path(value).expanduser()
     if not p.is_absolute():
@@ -436,9 +437,9 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
         if kind not in SOURCE_KINDS:
             raise ConfigError(f"unknown source kind {kind!r}", path=spath, entry=where,
                               fix=f"use one of: {', '.join(SOURCE_KINDS)}")
-        loc = raw.get("uri") if kind == "s3" else raw.get("path", raw.get("uri"))
+        loc = raw.get("uri") if kind in ("s3", "gcs") else raw.get("path", raw.get("uri"))
         if not loc:
-            key = "uri" if kind == "s3" else "path"
+            key = "uri" if kind in ("s3", "gcs") else "path"
             raise ConfigError(f"missing '{key}'", path=spath, entry=where,
                               fix=f"add {key}: ... to the source")
         batch_size = raw.get("batch_size", DEFAULT_BATCH_SIZE[kind])
@@ -452,8 +453,8 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
         if isinstance(carry, str) or not all(isinstance(c, str) for c in carry):
             raise ConfigError(f"carry={carry!r} must be a list of field names", path=spath,
                               entry=where, fix="write carry: [license, url]")
-        if kind == "folder" and loc_is_s3(raw, kind):
-            kind = "s3"  # a folder on an object store is a prefix
+        if kind == "folder" and loc_scheme(raw, kind):
+            kind = "s3" if loc_scheme(raw, kind) == "s3" else "gcs"  # a folder on an object store is a prefix
         sources.append(SourceConfig(
             name=name,
             kind=kind,
@@ -481,13 +482,14 @@ def _flag(raw: Mapping[str, Any], key: str, where: str, path: str, default: bool
     return value
 
 
-def loc_is_s3(raw: Mapping[str, Any], kind: str) -> bool:
-    """True when a source's location expands to an s3:// URI."""
-    loc = raw.get("uri") if kind == "s3" else raw.get("path", raw.get("uri"))
+def loc_scheme(raw: Mapping[str, Any], kind: str) -> str | None:
+    """``s3`` or ``gs`` when a source's location expands to an object-store URI, else None."""
+    loc = raw.get("uri") if kind in ("s3", "gcs") else raw.get("path", raw.get("uri"))
     try:
-        return expand_env(str(loc)).startswith("s3://")
+        value = expand_env(str(loc))
     except KeyError:
-        return False
+        return None
+    return next((s for s in ("s3", "gs") if value.startswith(f"{s}://")), None)
 
 
 def bucket_ratios(buckets: tuple[str, ...]) -> list[tuple[str, float]]:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from prx_assets.core.config.project import SourceConfig
-from prx_assets.core.config.storage import ObjectStoreSettings, is_remote, split_s3
+from prx_assets.core.config.storage import ObjectStoreSettings, is_remote
+from prx_assets.core.config.stores import split_object_uri, store_for
 from prx_assets.errors import ConfigError, SourceError
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ class SourceReader:
         self.config = config
         self._s3_factory = s3_client or (lambda: ObjectStoreSettings.from_env().boto3_client())
         self._client: Any = None
-        self.last_listed_key: str | None = None  # of the last S3 listing
+        self._stores: dict[str, Any] = {}
+        self.last_listed_key: str | None = None  # of the last object-store listing
 
     @property
     def s3(self) -> Any:
@@ -97,6 +99,14 @@ class SourceReader:
         if self._client is None:
             self._client = self._s3_factory()
         return self._client
+
+    def store(self, uri: str) -> Any:
+        """The object store holding ``uri`` (S3 through this reader's boto3 client, or GCS)."""
+        scheme = split_object_uri(uri)[0]
+        if scheme not in self._stores:
+            self._stores[scheme] = store_for(uri, ObjectStoreSettings.from_env(),
+                                             s3_client=self.s3 if scheme == "s3" else None)
+        return self._stores[scheme]
 
     def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
         """All units currently in the source, sorted by key.
@@ -134,33 +144,29 @@ class SourceReader:
 
     def _open_bytes(self, location: str) -> bytes:
         if is_remote(location):
-            bucket, key = split_s3(location)
+            _, bucket, key = split_object_uri(location)
             try:
-                return self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+                return self.store(location).get(bucket, key)
             except Exception as e:
                 raise SourceError(f"source {self.config.name!r}: cannot read {location}: {e}") from e
         return Path(location).read_bytes()
 
-    def _list_s3(self, uri: str, want: Callable[[str], bool], start_after: str | None = None) -> list[Unit]:
+    def _list_objects(self, uri: str, want: Callable[[str], bool], start_after: str | None = None) -> list[Unit]:
         """The wanted objects below ``uri`` (after the key ``start_after`` if given), sorted; the last
         key listed, wanted or not, is left in ``self.last_listed_key``."""
-        bucket, prefix = split_s3(uri)
+        scheme, bucket, prefix = split_object_uri(uri)
         units = []
         self.last_listed_key = None
-        args = {"Bucket": bucket, "Prefix": prefix, **({"StartAfter": start_after} if start_after else {})}
         try:
-            paginator = self.s3.get_paginator("list_objects_v2")
-            for page in paginator.paginate(**args):
-                for obj in page.get("Contents", []):
-                    key = obj["Key"]
-                    self.last_listed_key = key
-                    if want(key):
-                        units.append(Unit(key=f"s3://{bucket}/{key}", size=int(obj["Size"]),
-                                          stamp=str(obj.get("ETag", "")).strip('"')))
+            for obj in self.store(uri).list(bucket, prefix, start_after):
+                self.last_listed_key = obj.key
+                if want(obj.key):
+                    units.append(Unit(key=f"{scheme}://{bucket}/{obj.key}", size=obj.size, stamp=obj.stamp))
         except Exception as e:
+            hint = ("AWS_ENDPOINT_URL and credentials" if scheme == "s3" else
+                    "Google credentials (GOOGLE_APPLICATION_CREDENTIALS or workload identity)")
             raise SourceError(
-                f"source {self.config.name!r}: cannot list {uri}: {e} "
-                "(check the bucket name, AWS_ENDPOINT_URL and credentials)") from e
+                f"source {self.config.name!r}: cannot list {uri}: {e} (check the bucket name, {hint})") from e
         return sorted(units, key=lambda u: u.key)
 
 
@@ -290,16 +296,17 @@ S3_FULL_LISTING_HOURS = 24.0
 
 
 class S3PrefixReader(SourceReader):
-    """An ``s3://bucket/prefix``: every object below it with a wanted extension."""
+    """An ``s3://bucket/prefix`` (kind ``s3``) or ``gs://bucket/prefix`` (kind ``gcs``): every object
+    below it with a wanted extension."""
 
     kind = "s3"
 
     def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
-        return self._list_s3(self.config.location, self._wants)
+        return self._list_objects(self.config.location, self._wants)
 
     def list_new(self, known_files: Mapping[str, str],
                  state: Mapping[str, Any] | None) -> tuple[list[Unit], dict[str, Any] | None]:
-        """Objects after the last key listed (S3 lists keys in order: ``start_after`` skips every
+        """Objects after the last key listed (S3 and GCS list keys in order: ``start_after`` skips every
         key at or before it without listing it), so a drop under keys that sort last (dated or
         numbered prefixes, the usual layout) costs the new objects, not the prefix. Objects added
         under keys that sort earlier are found by the full listing every ``S3_FULL_LISTING_HOURS``
@@ -309,9 +316,9 @@ class S3PrefixReader(SourceReader):
         every = float(os.environ.get("PRX_S3_FULL_LISTING_HOURS", S3_FULL_LISTING_HOURS)) * 3600
         now = time.time()
         if cursor is None or now - full_at >= every:
-            units = self._list_s3(self.config.location, self._wants)
+            units = self._list_objects(self.config.location, self._wants)
             return units, {"start_after": self.last_listed_key or cursor, "full_at": now}
-        units = self._list_s3(self.config.location, self._wants, start_after=str(cursor))
+        units = self._list_objects(self.config.location, self._wants, start_after=str(cursor))
         return units, {"start_after": self.last_listed_key or cursor, "full_at": full_at}
 
     def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
@@ -329,8 +336,8 @@ class S3PrefixReader(SourceReader):
             return None
 
     def read_uri(self, uri: str) -> bytes:
-        bucket, key = split_s3(uri)
-        return self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        _, bucket, key = split_object_uri(uri)
+        return self.store(uri).get(bucket, key)
 
 
 def _list_files(reader: SourceReader, location: str, suffixes: tuple[str, ...]) -> list[Unit]:
@@ -339,9 +346,9 @@ def _list_files(reader: SourceReader, location: str, suffixes: tuple[str, ...]) 
 
     if is_remote(location):
         if location.lower().endswith(suffixes):
-            units = reader._list_s3(location, lambda k: k == split_s3(location)[1])
+            units = reader._list_objects(location, lambda k: k == split_object_uri(location)[2])
         else:
-            units = reader._list_s3(location.rstrip("/") + "/", want)
+            units = reader._list_objects(location.rstrip("/") + "/", want)
         return units
     root = Path(location)
     if root.is_file():
@@ -372,8 +379,9 @@ class ParquetReader(SourceReader):
         import pyarrow.parquet as pq
 
         if is_remote(location):
-            fs = ObjectStoreSettings.from_env().pyarrow_fs()
-            return pq.ParquetFile(fs.open_input_file(location[len("s3://"):]))
+            scheme = split_object_uri(location)[0]
+            fs = ObjectStoreSettings.from_env().pyarrow_fs(scheme)
+            return pq.ParquetFile(fs.open_input_file(location[len(scheme) + 3:]))
         return pq.ParquetFile(location)
 
     def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
@@ -541,7 +549,8 @@ def _str_or_none(v: Any) -> str | None:
 
 
 READERS: dict[str, type[SourceReader]] = {
-    r.kind: r for r in (FolderReader, S3PrefixReader, ParquetReader, WebDatasetReader)
+    **{r.kind: r for r in (FolderReader, S3PrefixReader, ParquetReader, WebDatasetReader)},
+    "gcs": S3PrefixReader,  # the same reader: the store follows the URI's scheme
 }
 
 

@@ -40,7 +40,8 @@ import lance
 import pyarrow as pa
 
 from prx_assets.core import layout
-from prx_assets.core.config.storage import DataRoot, read_uri, split_s3
+from prx_assets.core.config.storage import DataRoot, is_remote, read_uri
+from prx_assets.core.config.stores import split_object_uri
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.faults import crash_point
 from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
@@ -517,8 +518,8 @@ def open_stream(uri: str, cache: str | None = None, **kwargs: Any) -> Any:
     from prx_assets.loader import streaming_endpoint
 
     clean_stale_shared_memory()
-    if uri.startswith("s3://"):
-        split_s3(uri)
+    if is_remote(uri):
+        split_object_uri(uri)
         streaming_endpoint()
         local = cache or tempfile.mkdtemp(prefix="prx-mds-cache-")
         return StreamingDataset(remote=uri, local=local, **kwargs)
