@@ -54,10 +54,30 @@ class ResolvedStreams:
 
 
 def streaming_endpoint() -> None:
-    """Point mosaicml-streaming at ``AWS_ENDPOINT_URL`` (it reads ``S3_ENDPOINT_URL``) when one is set."""
+    """Point mosaicml-streaming at ``AWS_ENDPOINT_URL`` (it reads ``S3_ENDPOINT_URL``) when one is set
+    (GCS: it honours ``STORAGE_EMULATOR_HOST`` and Application Default Credentials itself)."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         os.environ.setdefault("S3_ENDPOINT_URL", endpoint)
+    gcs_downloader_picklable()
+
+
+def gcs_downloader_picklable() -> None:
+    """mosaicml-streaming 0.13's ``GCSDownloader`` keeps its google-cloud-storage client when pickled
+    (its ``S3Downloader`` drops it), so a dataset that has read a ``gs://`` index cannot go to
+    DataLoader workers ("Pickling client objects is explicitly not supported"). Drop it the same
+    way; a worker builds its own on first download."""
+    from streaming.base.storage.download import GCSDownloader
+
+    if "__getstate__" in GCSDownloader.__dict__:
+        return
+
+    def __getstate__(self: Any) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_gcs_client"] = None
+        return state
+
+    GCSDownloader.__getstate__ = __getstate__  # type: ignore[method-assign]
 
 
 def read_manifest(shard_set: str | ShardSetManifest) -> ShardSetManifest:
@@ -81,6 +101,7 @@ def _stream(uri: str, cache_root: str | None, n: int, sidecars: Sequence[dict[st
     """One physical stream; a :class:`SidecarStream` when columns were added to it by sidecars."""
     kind, extra = (SidecarStream, {"sidecars": sidecars}) if sidecars else (Stream, {})
     if "://" in uri:
+        gcs_downloader_picklable()
         local = os.path.join(cache_root or tempfile.mkdtemp(prefix="prx-mds-cache-"), f"s{n}")
         return kind(remote=uri, local=local, **extra, **weights)
     return kind(local=uri, **extra, **weights)

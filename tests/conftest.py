@@ -34,9 +34,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session when any test process tried to reach beyond loopback."""
     if NETGUARD_LOG.exists() and NETGUARD_LOG.read_text().strip():
         attempts = NETGUARD_LOG.read_text().strip().splitlines()
-        print(f"\nnetwork guard: {len(attempts)} connection(s) beyond loopback were refused:\n  "
-              + "\n  ".join(attempts[:20]), file=sys.stderr)
+        print(f"\nnetwork guard: {len(attempts)} connection(s) beyond loopback were refused "
+              f"(log: {NETGUARD_LOG}):\n  " + "\n  ".join(attempts[:20]), file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    else:
+        NETGUARD_LOG.unlink(missing_ok=True)
 
 
 @pytest.fixture
