@@ -7,6 +7,7 @@ import dagster as dg
 import lance
 import pytest
 
+from prx_assets.core.config.storage import DataRoot
 from prx_assets.definitions import defs
 from prx_assets.defs.ingest import ingest_job, jpeg_q92_cycles, raw_batch_sensor, raw_images
 from prx_assets.defs.partitions import raw_batches
@@ -210,6 +211,38 @@ sources:
         assert md["lance_uri"].value == f"s3://{bucket}/lab/lance/images.lance"
         (check,) = res.get_asset_check_evaluations()
         assert check.passed
+
+
+def test_mixed_deployments_gcs_sources_on_an_s3_root_and_s3_sources_on_a_gcs_root(
+        tmp_path: Path, s3_env: dict[str, str], gcs_env: dict[str, str]) -> None:
+    """One project, both clouds: a gs:// source ingested onto an s3:// data root, and an s3:// source
+    onto a gs:// data root, each through the same resources and settings."""
+    files = write_folder_corpus(tmp_path / "local", n=3)
+    s3_bucket, gs_bucket = s3_env["BUCKET"], gcs_env["BUCKET"]
+    for store in (DataRoot(f"s3://{s3_bucket}/incoming"), DataRoot(f"gs://{gs_bucket}/incoming")):
+        for p in files:
+            store.write_bytes(p.name, p.read_bytes())
+    cfg = write_sources_yaml(tmp_path / "config", f"""
+sources:
+  - {{name: fromgs, kind: gcs, uri: "gs://{gs_bucket}/incoming", batch_size: 100}}
+  - {{name: froms3, kind: s3, uri: "s3://{s3_bucket}/incoming", batch_size: 100}}
+""")
+    for root, source in ((f"s3://{s3_bucket}/lab", "fromgs"), (f"gs://{gs_bucket}/lab", "froms3")):
+        resources = {"storage": StorageResource(data_root=root),
+                     "project": ProjectConfigResource(config_dir=str(cfg.parent)),
+                     "s3": defs.resources["s3"], "slurm": defs.resources["slurm"]}
+        with dg.instance_for_test() as instance:
+            reqs = [r for r in run_sensor(instance, resources).run_requests if r.partition_key.startswith(source)]
+            instance.add_dynamic_partitions("raw_batches", [r.partition_key for r in reqs])
+            res = materialize(instance, resources, reqs[0].partition_key)
+            md = res.asset_materializations_for_node("raw_images")[0].metadata
+            assert md["dagster/row_count"].value == 3 and md["rejected"].value == 3, (root, source)
+            assert md["lance_uri"].value == f"{root}/lance/images.lance"
+            (check,) = res.get_asset_check_evaluations()
+            assert check.passed
+            ds = lance.dataset(f"{root}/lance/images.lance", storage_options=DataRoot(root).storage_options())
+            uris = ds.to_table(columns=["uri"]).column(0).to_pylist()
+            assert all(u.startswith("gs://" if source == "fromgs" else "s3://") for u in uris)
 
 
 def test_mixed_photos_and_synthetic_content_ingest_without_a_failed_partition(tmp_path: Path,

@@ -100,28 +100,93 @@ def test_changed_content_is_a_removal_plus_an_addition(lab) -> None:
     assert len(captions) == len(ids) and captions[ids[5]].startswith("a different caption")
 
 
-def test_delta_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]) -> None:
-    """The same publication order on an object store: shards and sidecars, then indexes, then the manifest."""
-    import boto3
+def _objects(root: DataRoot, prefix: str) -> dict[str, str]:
+    """Every object under ``prefix`` of the root's bucket with its ETag (S3) or generation (GCS)."""
+    from prx_assets.core.config.stores import split_object_uri, store_for
 
-    root = DataRoot(f"s3://{s3_env['BUCKET']}/prx")
+    _, bucket, key = split_object_uri(root.join(prefix))
+    return {o.key: o.stamp for o in store_for(root.uri, root.settings).list(bucket, key)}
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_delta_on_an_object_store_data_root(scheme: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The same publication order on an object store: shards and sidecars, then indexes, then the manifest."""
+    env = request.getfixturevalue("s3_env" if scheme == "s3" else "gcs_env")
+    root = DataRoot(f"{scheme}://{env['BUCKET']}/prx")
     build(root, tmp_path / "photos", n=10, batch_size=100)
     ds = lance.dataset(table_uri(root, "images"), storage_options=root.storage_options())
     ids = sorted(ds.to_table(columns=["image_id"]).column(0).to_pylist())
     recipe, settings = Recipe(name="r"), ShardSettings(workers=1)
     base = write_shard_set(root, ds, recipe, _subset(ds, ids[:9], "a"), ids[:9], [], settings)
-    s3 = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
-    keys = lambda: {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=s3_env["BUCKET"],  # noqa: E731
-                                                                       Prefix="prx/mds/")["Contents"]}
-    before = keys()
+    before = _objects(root, "mds/")
     new_ids = ids[1:10]
     delta = write_shard_set(root, ds, recipe, _subset(ds, new_ids, "b"), new_ids, [], settings,
                             previous=base, compact_above=0.5)
-    assert delta.layout == "delta" and delta.uri.startswith("s3://")
-    after = keys()
+    assert delta.layout == "delta" and delta.uri.startswith(f"{scheme}://")
+    after = _objects(root, "mds/")
     assert {k: after[k] for k in before} == before  # nothing published before was rewritten
     with open_shard_set(delta, cache=str(tmp_path / "cache"), batch_size=4) as sds:
         assert sorted(s["image_id"] for s in sds) == new_ids
+
+
+def test_a_delta_killed_mid_publish_on_gcs_is_never_half_visible(gcs_env: dict[str, str], tmp_path: Path) -> None:
+    """kill -9 mid-publish on gs://: the manifest goes last, so no new set is visible, nothing of the
+    base changes, and a re-run publishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = DataRoot(f"gs://{gcs_env['BUCKET']}/prx")
+    build(root, tmp_path / "photos", n=10, batch_size=100)
+    ds = lance.dataset(table_uri(root, "images"), storage_options=root.storage_options())
+    ids = sorted(ds.to_table(columns=["image_id"]).column(0).to_pylist())
+    recipe, settings = Recipe(name="r"), ShardSettings(workers=1)
+    base = write_shard_set(root, ds, recipe, _subset(ds, ids[:9], "a"), ids[:9], [], settings)
+    before = _objects(root, "mds/")
+    (tmp_path / "base.json").write_bytes(base.to_json())
+    marker = tmp_path / "uploading"
+    script = f"""
+import time
+import lance
+import prx_assets.core.publish.shards as shards
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
+
+root = DataRoot({root.uri!r})
+real = root.write_bytes
+def stalled(rel, data):  # the first object of the delta is uploaded, then the writer hangs
+    real(rel, data)
+    open({str(marker)!r}, "w").write(rel)
+    time.sleep(120)
+root.write_bytes = stalled
+ds = lance.dataset({ds.uri!r}, storage_options=root.storage_options())
+ids = {ids[1:10]!r}
+sub = SubsetManifest(subset_id="sub-b", recipe="r", recipe_hash="h", lance_uri=ds.uri, lance_version=ds.version,
+                     ids="", selected=len(ids))
+base = ShardSetManifest.from_json(open({str(tmp_path / 'base.json')!r}, "rb").read())
+shards.write_shard_set(root, ds, Recipe(name="r"), sub, ids, [], shards.ShardSettings(workers=1), previous=base,
+                       compact_above=0.5)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, "the writer died before uploading"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    after = _objects(root, "mds/")
+    assert {k: after[k] for k in before} == before  # the base is untouched
+    manifests = [k for k in after if k.endswith("/manifest.json")]
+    assert manifests == [k for k in before if k.endswith("/manifest.json")]  # no new set is visible
+    assert len(after) > len(before)  # (the delta's first object did land)
+    new_ids = ids[1:10]
+    delta = write_shard_set(root, ds, recipe, _subset(ds, new_ids, "b"), new_ids, [], settings, previous=base,
+                            compact_above=0.5)
+    with open_shard_set(delta, cache=str(tmp_path / "cache"), batch_size=4) as sds:
+        assert delta.layout == "delta" and sorted(s["image_id"] for s in sds) == new_ids
 
 
 def test_a_delta_killed_mid_publish_is_never_half_visible(lab, tmp_path: Path) -> None:

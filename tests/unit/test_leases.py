@@ -1,4 +1,4 @@
-"""Writer leases: one holder per partition, waiting, takeover of dead or silent holders, local and S3."""
+"""Writer leases: one holder per partition, waiting, takeover of dead or silent holders, local, S3 and GCS."""
 
 import json
 import subprocess
@@ -30,12 +30,12 @@ def _plant(root: DataRoot, name: str, gen: int, **doc: object) -> None:
     root.write_bytes(f"leases/{name}/{gen:010d}.json", json.dumps({**base, **doc}).encode())
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "gs"])
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> DataRoot:
     if request.param == "local":
         return DataRoot(str(tmp_path / "root"))
-    env = request.getfixturevalue("s3_env")
-    return DataRoot(f"s3://{env['BUCKET']}/root")
+    env = request.getfixturevalue("s3_env" if request.param == "s3" else "gcs_env")
+    return DataRoot(f"{request.param}://{env['BUCKET']}/root")
 
 
 def test_release_leaves_nothing_and_second_writer_waits(root: DataRoot) -> None:
