@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 # cluster's own environment / --export, not through a script written to disk).
 PASSTHROUGH_ENV = ("PRX_DATA_ROOT", "PRX_CONFIG_DIR", "PRX_CAPTIONER_MODEL", "PRX_EMBEDDER_MODEL",
                    "PRX_TEXT_ENCODER_MODEL", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
-                   "HF_HUB_OFFLINE", "HF_HOME", "TRANSFORMERS_OFFLINE", "PRX_CAPTION_SERVER_URL")
+                   "HF_HUB_OFFLINE", "HF_HOME", "TRANSFORMERS_OFFLINE", "PRX_CAPTION_SERVER_URL",
+                   "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST")
 
 
 class SlurmResource(dg.ConfigurableResource):
