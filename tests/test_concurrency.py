@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import lance
+import pytest
 
 from prx_assets.core.config.project import IngestSettings, SourceConfig
 from prx_assets.core.config.storage import DataRoot
@@ -68,17 +69,21 @@ def _run_all(procs: list[mp.Process]) -> None:
         assert p.exitcode == 0, f"{p.name} exited with {p.exitcode}"
 
 
-def test_two_partitions_ingested_at_once_both_land(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_two_partitions_ingested_at_once_both_land(where: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     folder = tmp_path / "photos"
     write_folder_corpus(folder, n=12, broken=False)
-    root = DataRoot(str(tmp_path / "root"))
+    if where == "gs":  # concurrent Lance commits on GCS (conditional writes), not only on a filesystem
+        root = DataRoot(f"gs://{request.getfixturevalue('gcs_env')['BUCKET']}/root")
+    else:
+        root = DataRoot(str(tmp_path / "root"))
     discover(_source(str(folder)), reader_for(_source(str(folder))), root)
     keys = [m.key for m in load_manifests(root, "photos")]
     assert keys == ["photos-00001", "photos-00002"]
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(2)
     _run_all([ctx.Process(target=_ingest, args=(root.uri, str(folder), k, barrier, 3), name=k) for k in keys])
-    ds = lance.dataset(table_uri(root, "images"))
+    ds = lance.dataset(table_uri(root, "images"), storage_options=root.storage_options())
     batches = ds.to_table(columns=["batch"]).column("batch").to_pylist()
     assert sorted(batches) == ["photos-00001"] * 6 + ["photos-00002"] * 6
     assert len(set(ds.to_table(columns=["image_id"]).column(0).to_pylist())) == 12
