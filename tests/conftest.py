@@ -50,16 +50,9 @@ def data_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[str]:
-    """A real S3 API over HTTP on a free loopback port (moto_server); yields the endpoint."""
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
-    if exe is None:
-        pytest.fail("moto_server not found: install the dev extra (pip install -e '.[dev]')")
-    port = free_port()
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
+def _serve(cmd: list[str], port: int, name: str, url: str) -> Iterator[str]:
+    """Start a server on a loopback ``port``, wait until it accepts connections, yield ``url``, stop it."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
@@ -69,10 +62,21 @@ def moto_server() -> Iterator[str]:
             time.sleep(0.1)
     else:
         proc.kill()
-        pytest.fail(f"moto_server did not start on {endpoint}")
-    yield endpoint
+        pytest.fail(f"{name} did not start on {url}")
+    yield url
     proc.terminate()
     proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """A real S3 API over HTTP on a free loopback port (moto_server); yields the endpoint."""
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    if exe is None:
+        pytest.fail("moto_server not found: install the dev extra (pip install -e '.[dev]')")
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    yield from _serve([exe, "-H", "127.0.0.1", "-p", str(port)], port, "moto_server", endpoint)
 
 
 @pytest.fixture
@@ -102,22 +106,9 @@ def gcs_server() -> Iterator[str]:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                             "-port", str(port), "-external-url", url, "-public-host", f"127.0.0.1:{port}",
-                             "-log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail(f"fake-gcs-server did not start on {url}")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    yield from _serve([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                       "-port", str(port), "-external-url", url, "-public-host", f"127.0.0.1:{port}",
+                       "-log-level", "error"], port, "fake-gcs-server", url)
 
 
 @pytest.fixture

@@ -108,17 +108,41 @@ def _objects(root: DataRoot, prefix: str) -> dict[str, str]:
     return {o.key: o.stamp for o in store_for(root.uri, root.settings).list(bucket, key)}
 
 
+def _kill_when(script: str, marker: Path) -> None:
+    """Run ``script`` in a child and ``kill -9`` it once it has written ``marker``."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, "the writer died before reaching the kill point"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _published(uri: str, tmp_path: Path) -> tuple[DataRoot, lance.LanceDataset, list[str], ShardSetManifest,
+                                                  dict[str, str]]:
+    """A 10-image lab on the object store at ``uri``, a base set of 9 published from it, and the
+    objects under ``mds/`` with their stamps."""
+    root = DataRoot(uri)
+    build(root, tmp_path / "photos", n=10, batch_size=100)
+    ds = lance.dataset(table_uri(root, "images"), storage_options=root.storage_options())
+    ids = sorted(ds.to_table(columns=["image_id"]).column(0).to_pylist())
+    base = write_shard_set(root, ds, Recipe(name="r"), _subset(ds, ids[:9], "a"), ids[:9], [], ShardSettings(workers=1))
+    return root, ds, ids, base, _objects(root, "mds/")
+
+
 @pytest.mark.parametrize("scheme", ["s3", "gs"])
 def test_delta_on_an_object_store_data_root(scheme: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The same publication order on an object store: shards and sidecars, then indexes, then the manifest."""
     env = request.getfixturevalue("s3_env" if scheme == "s3" else "gcs_env")
-    root = DataRoot(f"{scheme}://{env['BUCKET']}/prx")
-    build(root, tmp_path / "photos", n=10, batch_size=100)
-    ds = lance.dataset(table_uri(root, "images"), storage_options=root.storage_options())
-    ids = sorted(ds.to_table(columns=["image_id"]).column(0).to_pylist())
+    root, ds, ids, base, before = _published(f"{scheme}://{env['BUCKET']}/prx", tmp_path)
     recipe, settings = Recipe(name="r"), ShardSettings(workers=1)
-    base = write_shard_set(root, ds, recipe, _subset(ds, ids[:9], "a"), ids[:9], [], settings)
-    before = _objects(root, "mds/")
     new_ids = ids[1:10]
     delta = write_shard_set(root, ds, recipe, _subset(ds, new_ids, "b"), new_ids, [], settings,
                             previous=base, compact_above=0.5)
@@ -132,19 +156,9 @@ def test_delta_on_an_object_store_data_root(scheme: str, request: pytest.Fixture
 def test_a_delta_killed_mid_publish_on_gcs_is_never_half_visible(gcs_env: dict[str, str], tmp_path: Path) -> None:
     """kill -9 mid-publish on gs://: the manifest goes last, so no new set is visible, nothing of the
     base changes, and a re-run publishes."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
 
-    root = DataRoot(f"gs://{gcs_env['BUCKET']}/prx")
-    build(root, tmp_path / "photos", n=10, batch_size=100)
-    ds = lance.dataset(table_uri(root, "images"), storage_options=root.storage_options())
-    ids = sorted(ds.to_table(columns=["image_id"]).column(0).to_pylist())
+    root, ds, ids, base, before = _published(f"gs://{gcs_env['BUCKET']}/prx", tmp_path)
     recipe, settings = Recipe(name="r"), ShardSettings(workers=1)
-    base = write_shard_set(root, ds, recipe, _subset(ds, ids[:9], "a"), ids[:9], [], settings)
-    before = _objects(root, "mds/")
     (tmp_path / "base.json").write_bytes(base.to_json())
     marker = tmp_path / "uploading"
     script = f"""
@@ -170,13 +184,7 @@ base = ShardSetManifest.from_json(open({str(tmp_path / 'base.json')!r}, "rb").re
 shards.write_shard_set(root, ds, Recipe(name="r"), sub, ids, [], shards.ShardSettings(workers=1), previous=base,
                        compact_above=0.5)
 """
-    proc = subprocess.Popen([sys.executable, "-c", script])
-    deadline = time.time() + 120
-    while not marker.exists():
-        assert proc.poll() is None and time.time() < deadline, "the writer died before uploading"
-        time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill_when(script, marker)
     after = _objects(root, "mds/")
     assert {k: after[k] for k in before} == before  # the base is untouched
     manifests = [k for k in after if k.endswith("/manifest.json")]
@@ -191,11 +199,6 @@ shards.write_shard_set(root, ds, Recipe(name="r"), sub, ids, [], shards.ShardSet
 
 def test_a_delta_killed_mid_publish_is_never_half_visible(lab, tmp_path: Path) -> None:
     """kill -9 while the delta is being written: no new set is visible, the base is untouched, a re-run publishes."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
 
     root, ds, ids = lab
     recipe, settings = Recipe(name="r"), ShardSettings(workers=1)
@@ -226,13 +229,7 @@ base = ShardSetManifest.from_json(open({str(tmp_path / 'base.json')!r}, "rb").re
 shards.write_shard_set(DataRoot({root.uri!r}), ds, Recipe(name="r"), sub, ids, [], shards.ShardSettings(workers=1),
                        previous=base)
 """
-    proc = subprocess.Popen([sys.executable, "-c", script])
-    deadline = time.time() + 120
-    while not marker.exists():
-        assert proc.poll() is None and time.time() < deadline, "the writer died before writing its delta"
-        time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill_when(script, marker)
     recipe_dir = Path(base.uri).parent
     assert sorted(p.name for p in recipe_dir.iterdir() if not p.name.startswith(".")) == [Path(base.uri).name]
     assert _files(Path(base.uri)) == before
