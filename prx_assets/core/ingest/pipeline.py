@@ -80,7 +80,8 @@ class IngestResult:
     #: First-generation PSNR of each stored image's JPEG (empty with ``lossless_fallback: off``).
     psnr_db: list[float] = field(default_factory=list)
     #: The q92 cycle experiment on the partition's sample (``CycleCurve.to_json`` each), its
-    #: seconds, and the seconds of all per-item work (decode to hashes, the experiment included).
+    #: seconds, and the CPU seconds of normalizing the partition's images (the experiment included;
+    #: measured where the work ran, so time a thread spent waiting on a worker process is not counted).
     q92_curves: list[dict[str, Any]] = field(default_factory=list)
     q92_seconds: float = 0.0
     work_seconds: float = 0.0
@@ -124,7 +125,7 @@ Outcome = tuple[dict[str, Any] | None, dict[str, Any] | None]
 WARNINGS_KEY = "_decoder_warnings"
 #: Row key carrying why an image is stored losslessly (counted per batch, not stored as a column).
 LOSSLESS_KEY = "_lossless_reason"
-#: Row keys carrying a sampled image's q92 cycle curve and its seconds, and every item's seconds.
+#: Row keys carrying a sampled image's q92 cycle curve and its seconds, and the image's work seconds.
 Q92_KEY = "_q92_curve"
 Q92_SECONDS_KEY = "_q92_seconds"
 SECONDS_KEY = "_seconds"
@@ -144,7 +145,8 @@ def process_item(item: SourceItem, source: str, batch: str, settings: IngestSett
         if rej is not None:
             rej["message"] = f"{rej['message']} (decoder: {'; '.join(warns[:3])})"
         (row if row is not None else rej)[WARNINGS_KEY] = warns  # type: ignore[index]
-    (row if row is not None else rej)[SECONDS_KEY] = time.perf_counter() - started  # type: ignore[index]
+    if row is not None and SECONDS_KEY not in row:  # (rejects carry no work time: they stop early)
+        row[SECONDS_KEY] = time.perf_counter() - started
     return row, rej
 
 
@@ -179,9 +181,9 @@ def _process_item(item: SourceItem, source: str, batch: str, settings: IngestSet
         log.warning("unexpected %s decoding %s: %s", e.kind, item.uri, e.message)
         return reject(RejectReason.CORRUPT.value, f"decoder raised {e.kind}: {e.message}", len(data))
     n = done.image
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {SECONDS_KEY: done.seconds}  # measured where the work ran, not waited for
     if done.curve is not None:
-        extra = {Q92_KEY: done.curve, Q92_SECONDS_KEY: done.q92_seconds}
+        extra.update({Q92_KEY: done.curve, Q92_SECONDS_KEY: done.q92_seconds})
     return {
         **extra,
         "image_id": iid, "source": source, "batch": batch, "uri": item.uri,

@@ -39,6 +39,8 @@ class Normalized:
     image: NormalizedImage
     curve: dict[str, Any] | None = None
     q92_seconds: float = 0.0
+    #: Seconds of the whole CPU work, where it ran (a worker process's, not a waiting thread's).
+    seconds: float = 0.0
 
 
 def normalize_item(data: bytes, settings: IngestSettings, sampled: bool, label: str) -> Normalized:
@@ -49,14 +51,16 @@ def normalize_item(data: bytes, settings: IngestSettings, sampled: bool, label: 
     ImageRejected
         As :func:`~prx_assets.core.ingest.images.normalize`.
     """
+    begun = time.perf_counter()
     n = normalize(data, settings, keep_rgb=sampled)
     if not (sampled and n.stored_format == "jpeg" and n.rgb is not None):
-        return Normalized(dataclasses.replace(n, rgb=None))
+        return Normalized(dataclasses.replace(n, rgb=None), seconds=time.perf_counter() - begun)
     started = time.perf_counter()  # on the pixels just decoded: no second read, tiles only
     curve = cycle_curve(n.rgb, settings.jpeg_quality, settings.q92_cycles, settings.jpeg_subsampling,
                         label=label, max_pixels=settings.q92_tile_pixels, tile=CHECK_TILE,
                         png_reference=settings.q92_png_reference, first_db=first_cycle_db(n.rgb, n.jpeg))
-    return Normalized(dataclasses.replace(n, rgb=None), curve.to_json(), time.perf_counter() - started)
+    done = time.perf_counter()
+    return Normalized(dataclasses.replace(n, rgb=None), curve.to_json(), done - started, done - begun)
 
 
 class DecoderError(Exception):
