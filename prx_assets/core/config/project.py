@@ -145,7 +145,7 @@ class IngestSettings:
     q92_sample: int = 6
     q92_min_psnr_db: float = 37.0
     q92_sample_share: float = 0.01
-    q92_tile_pixels: int = 16 * 128 * 128
+    q92_tile_pixels: int = 12 * 128 * 128
     q92_png_reference: bool = False
     workers: int = 0
     processes: int = 0
@@ -324,7 +324,7 @@ def _validate_ingest(s: IngestSettings, path: str, where: str) -> None:
         raise bad("q92_cycles and q92_sample must be >= 1", "use e.g. 10 cycles, 6 images")
     if not (0.0 < s.q92_sample_share <= 1.0) or s.q92_tile_pixels < 0:
         raise bad(f"q92_sample_share={s.q92_sample_share!r} must be within (0, 1] and q92_tile_pixels="
-                  f"{s.q92_tile_pixels!r} >= 0", "use e.g. 0.01 and 262144 (0 measures whole images)")
+                  f"{s.q92_tile_pixels!r} >= 0", "use e.g. 0.01 and 196608 (0 measures whole images)")
     if s.lossless_fallback not in LOSSLESS_FORMATS:
         raise bad(f"lossless_fallback={s.lossless_fallback!r} is not supported",
                   f"use one of: {', '.join(LOSSLESS_FORMATS)}")

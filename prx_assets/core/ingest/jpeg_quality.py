@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageChops
 
 from prx_assets.core.ingest.images import encode_jpeg
 
@@ -102,6 +102,16 @@ def measured_regions(width: int, height: int, max_pixels: int = MAX_MEASURED_PIX
     return [(x, y, x + tw, y + th) for y in ys for x in xs]
 
 
+_SQUARES = np.arange(256, dtype=np.float64) ** 2
+
+
+def _squared_error(a: Image.Image, b: Image.Image) -> float:
+    """Sum of squared differences over every channel of two RGB images of one size, exactly, from the
+    histogram of their absolute difference (in C: no array copies of the pixels)."""
+    hist = np.asarray(ImageChops.difference(a, b).histogram(), dtype=np.float64).reshape(-1, 256).sum(axis=0)
+    return float(hist @ _SQUARES)
+
+
 def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = "4:2:0",
                 label: str = "", max_pixels: int = MAX_MEASURED_PIXELS, tile: int = TILE,
                 png_reference: bool = True, first_db: float | None = None) -> CycleCurve:
@@ -113,8 +123,9 @@ def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = 
     ``first_db``, the whole image's first-cycle PSNR (ingest has its JPEG already), anchors a tiled
     curve: the tiles then give the loss from one cycle to the next (a ratio of squared errors, a
     shift in dB) and the whole image its level. Where loss concentrates in a few places, the ratio
-    varies far less across tiles than the level: on 4 partitions of the bench corpus the mean curve's
-    worst error fell from 0.25-0.92 dB to 0.08-0.73 dB (``python -m bench peer``)."""
+    varies less across tiles than the level: on the bench corpus's 4 partitions the worst error of
+    the mean curve fell from 0.49 to 0.33 dB with 12 tiles per image and from 0.92 to 0.73 dB with 16
+    (not in every partition: ``python -m bench peer``)."""
     regions = measured_regions(rgb.size[0], rgb.size[1], max_pixels, tile)
     if rgb.mode != "RGB":  # (a conversion copies the image: only when needed)
         rgb = rgb.convert("RGB")
@@ -123,25 +134,23 @@ def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = 
     first_size = png_size = cycles_run = 0
     for box in regions:
         region = rgb if len(regions) == 1 else rgb.crop(box)
-        original = np.asarray(region, dtype=np.int16)
         current = region
-        before = original
         for i in range(cycles):
             data = encode_jpeg(current, quality, subsampling)
             if i == 0:
                 first_size += len(data)
-            current = Image.open(io.BytesIO(data))
-            current.load()
-            after = np.asarray(current, dtype=np.int16)
-            diff = original - after
-            err = float(np.einsum("ijk,ijk->", diff, diff, dtype=np.float64))
+            decoded = Image.open(io.BytesIO(data))
+            decoded.load()
+            if decoded.mode != "RGB":
+                decoded = decoded.convert("RGB")
+            err = _squared_error(region, decoded)
             sq_err[i] += err
             cycles_run = max(cycles_run, i + 1)
-            if np.array_equal(after, before):  # fixed point: every later cycle is this one again
-                sq_err[i + 1:] += err
+            if ImageChops.difference(decoded, current).getbbox() is None:  # fixed point: every later cycle
+                sq_err[i + 1:] += err                                        # is this one again
                 break
-            before = after
-        pixels += original.size
+            current = decoded
+        pixels += region.size[0] * region.size[1] * 3
         if png_reference:
             png = io.BytesIO()
             region.save(png, "PNG", compress_level=6)
@@ -158,10 +167,10 @@ def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = 
 
 #: Side of the tiles the per-partition check measures at ingest. 64-pixel tiles ran 0.4-1.4 dB high
 #: against whole images (their edges, where chroma upsampling differs, weigh more); tiles pasted
-#: into one mosaic ran 10-14 dB low (the seams). 128-pixel tiles on a grid, 16 per image
-#: (``q92_tile_pixels``), anchored on the whole image's first cycle, came within 0.08-0.73 dB on
+#: into one mosaic ran 10-14 dB low (the seams). 128-pixel tiles on a grid, 12 per image
+#: (``q92_tile_pixels``), anchored on the whole image's first cycle, came within 0.23-0.33 dB on
 #: q90 JPEG originals whose loss grows 7 dB over 10 cycles and is concentrated in a few places
-#: (``python -m bench peer``), at about a fifth of the work of whole images.
+#: (``python -m bench peer``), from 18% of their pixels.
 CHECK_TILE = 128
 #: Most images one partition's check samples (its curves travel in the materialization metadata).
 MAX_CHECK_SAMPLE = 512
@@ -282,7 +291,7 @@ def run_experiment(images: list[tuple[str, Image.Image]], quality: int, cycles: 
 
     Examples
     --------
-    >>> from PIL import Image
+    >>> from PIL import Image, ImageChops
     >>> img = Image.linear_gradient("L").convert("RGB")
     >>> rep = run_experiment([("gradient", img)], 92, 3, min_psnr_db=30)
     >>> rep.passed
