@@ -230,12 +230,12 @@ def estimate_error(folder: Path) -> dict[str, Any]:
     """The check's estimate against measuring the same sampled images whole, on every partition of
     the corpus (images drawn as ingest draws them, measured as ingest measures them)."""
     from prx_assets.core.config.project import IngestSettings
-    from prx_assets.core.ingest.images import encode_jpeg, prepare_rgb
+    from prx_assets.core.ingest.images import prepare_rgb
     from prx_assets.core.ingest.jpeg_quality import (
         CHECK_TILE,
         QualityReport,
+        check_curve,
         cycle_curve,
-        first_cycle_db,
         in_sample,
         run_experiment,
         sample_rate,
@@ -255,9 +255,7 @@ def estimate_error(folder: Path) -> dict[str, Any]:
         tiles = QualityReport(quality=s.jpeg_quality, cycles=CYCLES, min_psnr_db=s.q92_min_psnr_db)
         plain = QualityReport(quality=s.jpeg_quality, cycles=CYCLES, min_psnr_db=s.q92_min_psnr_db)
         for label, rgb in images:
-            first = first_cycle_db(rgb, encode_jpeg(rgb, s.jpeg_quality, s.jpeg_subsampling))
-            tiles.curves.append(cycle_curve(rgb, s.jpeg_quality, CYCLES, s.jpeg_subsampling, label,
-                                            s.q92_tile_pixels, CHECK_TILE, png_reference=False, first_db=first))
+            tiles.curves.append(check_curve(rgb, s, label, cycles=CYCLES, png_reference=False))
             plain.curves.append(cycle_curve(rgb, s.jpeg_quality, CYCLES, s.jpeg_subsampling, label,
                                             s.q92_tile_pixels, CHECK_TILE, png_reference=False))
         whole = run_experiment(images, s.jpeg_quality, CYCLES, s.q92_min_psnr_db, max_pixels=0, png_reference=False)

@@ -12,15 +12,8 @@ import numpy as np
 from prx_assets.core.config.project import IngestSettings, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover, load_manifest, parse_batch_key
-from prx_assets.core.ingest.images import encode_jpeg, prepare_rgb
-from prx_assets.core.ingest.jpeg_quality import (
-    CHECK_TILE,
-    CycleCurve,
-    QualityReport,
-    cycle_curve,
-    first_cycle_db,
-    pick_sample,
-)
+from prx_assets.core.ingest.images import prepare_rgb
+from prx_assets.core.ingest.jpeg_quality import CycleCurve, QualityReport, check_curve, pick_sample
 from prx_assets.core.ingest.pipeline import IngestResult, ingest_batch
 from prx_assets.core.ingest.sources import reader_for
 from prx_assets.core.lab.schema import IMAGES_TABLE
@@ -210,10 +203,7 @@ def reread_sample(rows: list[dict[str, Any]], n_rows: int, cfg: Any, s3: S3Resou
                            min_psnr_db=settings.q92_min_psnr_db)
     for row in pick_sample(rows, settings.q92_sample, seed=n_rows):
         rgb = prepare_rgb(reader.read_uri(row["uri"]), settings).rgb
-        first = first_cycle_db(rgb, encode_jpeg(rgb, settings.jpeg_quality, settings.jpeg_subsampling))
-        report.curves.append(cycle_curve(rgb, settings.jpeg_quality, settings.q92_cycles, settings.jpeg_subsampling,
-                                         row["uri"].rsplit("/", 1)[-1], settings.q92_tile_pixels, CHECK_TILE,
-                                         settings.q92_png_reference, first_db=first))
+        report.curves.append(check_curve(rgb, settings, row["uri"].rsplit("/", 1)[-1]))
     return report
 
 

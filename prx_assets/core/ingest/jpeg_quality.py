@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageChops
 
-from prx_assets.core.ingest.images import encode_jpeg
+from prx_assets.core.config.project import IngestSettings
+from prx_assets.core.ingest.images import encode_jpeg, psnr_db
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -178,11 +179,22 @@ MAX_CHECK_SAMPLE = 512
 
 def first_cycle_db(rgb: Image.Image, jpeg: bytes) -> float:
     """The whole image's first-cycle PSNR: its stored JPEG (the first cycle's bytes) against its pixels."""
-    from prx_assets.core.ingest.images import psnr_db
-
     with Image.open(io.BytesIO(jpeg)) as im:
         im.load()
         return psnr_db(rgb, im if im.mode == "RGB" else im.convert("RGB"))
+
+
+def check_curve(rgb: Image.Image, settings: IngestSettings, label: str = "", jpeg: bytes | None = None,
+                cycles: int | None = None, png_reference: bool | None = None) -> CycleCurve:
+    """One sampled image measured as the q92 check measures it: ``q92_tile_pixels`` of
+    ``CHECK_TILE`` tiles through ``q92_cycles`` (or ``cycles``) cycles, anchored on the whole image's
+    first cycle (``jpeg``: its JPEG at the configured settings when ingest has it already)."""
+    if jpeg is None:
+        jpeg = encode_jpeg(rgb, settings.jpeg_quality, settings.jpeg_subsampling)
+    return cycle_curve(rgb, settings.jpeg_quality, cycles or settings.q92_cycles, settings.jpeg_subsampling, label,
+                       settings.q92_tile_pixels, CHECK_TILE,
+                       settings.q92_png_reference if png_reference is None else png_reference,
+                       first_db=first_cycle_db(rgb, jpeg))
 
 
 def sample_rate(items: int, min_images: int, share: float, cap: int = MAX_CHECK_SAMPLE) -> float:

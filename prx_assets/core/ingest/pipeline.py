@@ -138,15 +138,12 @@ def process_item(item: SourceItem, source: str, batch: str, settings: IngestSett
     the q92 sample (``q92_rate``, see :func:`~prx_assets.core.ingest.jpeg_quality.in_sample`) that
     is stored as JPEG also carries its cycle curve under :data:`Q92_KEY`. With ``processes`` above 1
     the decoding and encoding run in that many worker processes (see :mod:`.worker`)."""
-    started = time.perf_counter()
     with collect() as warns:
         row, rej = _process_item(item, source, batch, settings, fingerprint, q92_rate, processes)
     if warns:
         if rej is not None:
             rej["message"] = f"{rej['message']} (decoder: {'; '.join(warns[:3])})"
         (row if row is not None else rej)[WARNINGS_KEY] = warns  # type: ignore[index]
-    if row is not None and SECONDS_KEY not in row:  # (rejects carry no work time: they stop early)
-        row[SECONDS_KEY] = time.perf_counter() - started
     return row, rej
 
 

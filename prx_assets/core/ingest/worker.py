@@ -28,7 +28,7 @@ from prx_assets.core.config.project import IngestSettings
 from prx_assets.core.faults import CRASH_ENV, crash_point
 from prx_assets.core.ingest.decoder_warnings import collect, record, routed
 from prx_assets.core.ingest.images import ImageRejected, NormalizedImage, RejectReason, normalize
-from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, cycle_curve, first_cycle_db
+from prx_assets.core.ingest.jpeg_quality import check_curve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +56,7 @@ def normalize_item(data: bytes, settings: IngestSettings, sampled: bool, label: 
     if not (sampled and n.stored_format == "jpeg" and n.rgb is not None):
         return Normalized(dataclasses.replace(n, rgb=None), seconds=time.perf_counter() - begun)
     started = time.perf_counter()  # on the pixels just decoded: no second read, tiles only
-    curve = cycle_curve(n.rgb, settings.jpeg_quality, settings.q92_cycles, settings.jpeg_subsampling,
-                        label=label, max_pixels=settings.q92_tile_pixels, tile=CHECK_TILE,
-                        png_reference=settings.q92_png_reference, first_db=first_cycle_db(n.rgb, n.jpeg))
+    curve = check_curve(n.rgb, settings, label, jpeg=n.jpeg)
     done = time.perf_counter()
     return Normalized(dataclasses.replace(n, rgb=None), curve.to_json(), done - started, done - begun)
 
