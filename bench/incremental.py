@@ -35,8 +35,8 @@ import pyarrow as pa
 from PIL import Image
 
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.digests import content_digest
 from prx_assets.core.curate.recipes import Recipe
-from prx_assets.core.curate.selection import content_digest
 from prx_assets.core.lab.schema import IMAGES_SCHEMA
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.manifests import ShardSetManifest, SubsetManifest

@@ -141,7 +141,7 @@ def embedding_stage(res: StageResources, key: str, log: Callable[[str], None]) -
     name = embeddings_table(spec.embedder_id())
     existing = open_table(table_uri(root, name), root.storage_options())
     dim = existing.schema.field("embedding").type.list_size if existing is not None else model().dim
-    result = enrich_batch(root, key, name, embeddings_schema(dim), "embedder_id", spec.embedder_id(),
+    result = enrich_batch(root, key, name, embeddings_schema(dim, spec.vector_dtype), "embedder_id", spec.embedder_id(),
                           ["embedding", "model"], factory, chunk=max(1, spec.batch_size))
     result.load_seconds = load_seconds  # including a load for the first batch's vector size
     return result

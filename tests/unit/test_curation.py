@@ -97,12 +97,21 @@ def test_embedding_dedup_and_optout_lists(lab, tmp_path: Path) -> None:
                embedding_column=embedding_column("e-1"))
     assert s.dropped["dedup_embedding"] == 1
     assert len({rows[0]["image_id"], rows[1]["image_id"]} & set(s.image_ids)) == 1
-    # the survivors' vectors are read batch by batch into their order; an id without one is NaN
-    from prx_assets.core.curate.selection import survivor_vectors
+    # the survivors' vectors are read by row id a block at a time into their order (taken or scanned)
+    from prx_assets.core.curate.selection import read_by_row_ids
 
-    wanted = pa.array([rows[2]["image_id"], "no-such-image", rows[0]["image_id"]])
-    got = survivor_vectors(ds, embedding_column("e-1"), None, wanted, batch_rows=2)
-    assert np.allclose(got[0], vecs[2], atol=1e-3) and np.isnan(got[1]).all() and np.allclose(got[2], vecs[0], atol=1e-3)
+    by_id = {r["image_id"]: r["_rowid"] for r in ds.to_table(columns=["image_id"], with_row_id=True).to_pylist()}
+    wanted = np.array([by_id[rows[2]["image_id"]], by_id[rows[0]["image_id"]], by_id[rows[5]["image_id"]]],
+                      dtype=np.uint64)
+    for scan in (False, True):
+        got = np.full((3, DIM), np.nan, np.float32)
+        blocks: list[int] = []
+
+        def put(pos: np.ndarray, block: np.ndarray, got: np.ndarray = got, blocks: list[int] = blocks) -> None:
+            got[pos] = block
+            blocks.append(len(pos))
+        read_by_row_ids(ds, embedding_column("e-1"), wanted, put, batch_rows=2, scan=scan)
+        assert np.allclose(got, vecs[[2, 0, 5]], atol=1e-3) and max(blocks) <= 2
 
     (tmp_path / "ids.txt").write_text(f"# opted out\n{by_name['img_0_000.jpg']['image_id']}\n")
     (tmp_path / "uris.txt").write_text(by_name["img_0_006.jpg"]["uri"] + "\n")
@@ -177,10 +186,11 @@ def test_shard_set_with_one_sub_stream_per_bucket(lab) -> None:
     assert again == m  # already published: reused, not rewritten
 
 
-def test_embedding_dedup_above_the_exact_size_holds_projections_not_vectors(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past EMBEDDING_EXACT_BELOW survivors, curation streams the vectors into their projection and
-    takes the candidates' full vectors by row id: the same subset as the in-memory inverted file."""
+@pytest.mark.parametrize("value_type", [pa.float32(), pa.float16()])
+def test_embedding_dedup_above_the_exact_size_holds_codes_not_vectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      value_type: pa.DataType) -> None:
+    """Past EMBEDDING_EXACT_BELOW survivors, curation streams the vectors into int8 codes and takes
+    the candidates' full vectors by row id: the same subset as the in-memory method."""
     import prx_assets.core.curate.selection as selection
     from prx_assets.core.curate.dedup import near_duplicates_embedding
 
@@ -189,12 +199,15 @@ def test_embedding_dedup_above_the_exact_size_holds_projections_not_vectors(tmp_
     vecs = rng.standard_normal((n, dim)).astype(np.float32)
     vecs[1::10] = vecs[0::10][: len(vecs[1::10])] + 0.05 * rng.standard_normal((len(vecs[1::10]), dim)).astype(np.float32)
     ids = [f"{i:08x}" for i in range(n)]
-    emb = pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), dim)
+    vecs = vecs.astype(value_type.to_pandas_dtype()).astype(np.float32)  # the values as stored
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()).cast(value_type), dim)
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"image_id": ids, "emb": emb}), uri, max_rows_per_file=700)
     order = rng.permutation(n)  # curation's order (by resolution), not the table's
-    wanted = pa.array([ids[i] for i in order])
+    ds = lance.dataset(uri)
+    by_id = dict(zip(*ds.to_table(columns=["image_id"], with_row_id=True).to_pydict().values(), strict=True))
+    wanted = np.array([by_id[ids[i]] for i in order], dtype=np.uint64)
     monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
-    keep = selection.embedding_keep(lance.dataset(uri), "emb", None, wanted, 0.97)
+    keep = selection.embedding_keep(ds, "emb", wanted, 0.97)
     expected = near_duplicates_embedding(vecs[order], 0.97, exact_below=0)
     assert n - int(keep.sum()) > 200 and keep.tolist() == expected

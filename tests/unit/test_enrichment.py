@@ -5,6 +5,7 @@ from pathlib import Path
 
 import lance
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from prx_assets.core.config.project import IngestSettings, SourceConfig
@@ -116,3 +117,20 @@ def test_embeddings_identical_images_identical_vectors(batch, tiny_models) -> No
     rows = lance.dataset(table_uri(root, "images")).to_table(columns=["image_id", "uri"]).to_pylist()
     by_name = {Path(r["uri"]).name: r["image_id"] for r in rows}
     assert np.array_equal(vecs[by_name["img_0_000.jpg"]], vecs[by_name["dup_of_000.jpg"]])
+
+
+def test_vector_dtype_is_stored_and_in_the_embedder_id_only_when_not_float32(tmp_path: Path) -> None:
+    from prx_assets.core.models.config import load_models
+    from prx_assets.errors import ConfigError
+
+    plain = EmbedderSpec(model="google/siglip2-so400m-patch14-384")
+    half = EmbedderSpec(model="google/siglip2-so400m-patch14-384", vector_dtype="float16")
+    assert plain.embedder_id() == "siglip-eaf90b7e"  # float32 ids are those of before the option
+    assert half.embedder_id() != plain.embedder_id()
+    assert embeddings_schema(8, "float16").field("embedding").type.value_type == pa.float16()
+    cfg = tmp_path / "models.yaml"
+    cfg.write_text("captioners: []\nembedder: {model: m, vector_dtype: float16}\n")
+    assert load_models(cfg).embedder.vector_dtype == "float16"
+    cfg.write_text("captioners: []\nembedder: {model: m, vector_dtype: int8}\n")
+    with pytest.raises(ConfigError, match="unknown vector_dtype 'int8'"):
+        load_models(cfg)

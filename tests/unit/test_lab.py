@@ -44,8 +44,8 @@ def add_captions(root: DataRoot, rows: list[dict], cid: str, words: str) -> None
     ds.merge_insert(["captioner_id", "image_id"]).when_matched_update_all().when_not_matched_insert_all().execute(t)
 
 
-def add_embeddings(root: DataRoot, rows: list[dict], eid: str, vecs: np.ndarray) -> None:
-    schema = embeddings_schema(DIM)
+def add_embeddings(root: DataRoot, rows: list[dict], eid: str, vecs: np.ndarray, vector_dtype: str = "float32") -> None:
+    schema = embeddings_schema(DIM, vector_dtype)
     ds = open_or_create(table_uri(root, embeddings_table(eid)), schema, root.storage_options())
     t = pa.Table.from_pylist([{"image_id": r["image_id"], "embedder_id": eid, "batch": r["batch"],
                                "sha256": r["sha256"], "embedding": v.tolist(), "model": "m"}
@@ -118,14 +118,17 @@ def test_indexes_follow_new_batches(tmp_path: Path) -> None:
     assert width["indexed_rows"] == len(rows) and width["unindexed_rows"] == 0
 
 
-def test_vector_search_returns_the_planted_neighbour(lab) -> None:
+@pytest.mark.parametrize("vector_dtype", ["float32", "float16"])
+def test_vector_search_returns_the_planted_neighbour(lab, vector_dtype: str) -> None:
+    """Vectors stored as float32 or float16 (half the bytes): the lab column keeps the stored type,
+    exact and IVF_PQ search find the neighbour."""
     root, rows = lab
     rng = np.random.default_rng(0)
     vecs = rng.standard_normal((len(rows), DIM)).astype(np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     planted = vecs[0] + 0.01 * rng.standard_normal(DIM).astype(np.float32)
     vecs[5] = planted / np.linalg.norm(planted)
-    add_embeddings(root, rows, "e-1", vecs)
+    add_embeddings(root, rows, "e-1", vecs, vector_dtype)
     for min_rows in (10**6, 8):  # exact search, then IVF_PQ with refine
         res = sync_lab(root, embedder_ids=["e-1"], vector_index_min_rows=min_rows)
         kinds = {ix["type"] for ix in res.indexes}
@@ -133,8 +136,10 @@ def test_vector_search_returns_the_planted_neighbour(lab) -> None:
         hits = query(open_lab(root), near=rows[0]["image_id"], k=3, columns=["image_id"]).table
         assert hits.column("image_id").to_pylist()[:2] == [rows[0]["image_id"], rows[5]["image_id"]]
     col = embedding_column("e-1")
-    stored = open_lab(root).to_table(columns=[col], filter=f"image_id = '{rows[5]['image_id']}'")
-    assert np.allclose(stored.column(0)[0].values.to_numpy(), vecs[5])
+    lab_ds = open_lab(root)
+    assert lab_ds.schema.field(col).type.value_type == embeddings_schema(DIM, vector_dtype).field("embedding").type.value_type
+    stored = lab_ds.to_table(columns=[col], filter=f"image_id = '{rows[5]['image_id']}'")
+    assert np.allclose(stored.column(0)[0].values.to_numpy().astype(np.float32), vecs[5], atol=1e-3)
 
 
 def test_full_text_search_over_captions(lab) -> None:

@@ -3,19 +3,20 @@
 All three are greedy in the given order (curation sorts by resolution, then id): an item is
 kept unless it duplicates an item kept before it.
 
-pHash near-duplicates use multi-index hashing: the 64 bits are split into ``m`` substrings,
-``m`` about ``64 / log2(n)`` so that a substring key holds a handful of items. Two hashes
-within ``d`` bits differ by at most ``d // m`` bits in at least one substring (pigeonhole),
-so probing every key within that radius of each item's substrings finds *every* pair within
-the distance, as an all-pairs comparison would; candidate pairs are then checked on all 64
-bits. The work grows with ``n`` times the probes (tens), not with ``n**2``, and runs in numpy
-a chunk of items at a time (memory bounded by the chunk).
+pHash near-duplicates are found exactly (every pair within the distance, as an all-pairs
+comparison would find). Identical hashes are collapsed first (they share their fate). Then, by
+pigeonhole, two hashes within ``d`` bits agree exactly on at least ``B - d`` of ``B`` blocks of
+their 64 bits: for each choice of ``B - d`` blocks (``C(B, d)`` tables) the hashes are sorted by
+those blocks and every run of equal keys is compared on all 64 bits (the permuted-table method
+used for simhash near-duplicates of web pages). ``B`` is chosen so that a key holds a handful
+of hashes; where that needs too many tables (large distances) multi-index hashing takes over:
+``m`` substrings, each probed within radius ``d // m``. The work grows with ``n`` times the
+tables, not with ``n**2``, and every step is a vectorized pass (memory a few arrays of ``n``).
 
 Embedding near-duplicates (cosine at or above a threshold) are exact up to
-``EMBEDDING_EXACT_BELOW`` vectors; above it they go through an inverted file (spherical
-k-means centroids, each vector compared with those filed under its few nearest centroids), the
-same partitioning an IVF vector index uses, run as one batched self-join rather than one
-index query per row. Its recall against the exact method is measured by ``bench scale``.
+``EMBEDDING_EXACT_BELOW`` vectors; above it, candidates come from an inverted multi-index over
+int8 codes of the vectors (:mod:`prx_assets.core.curate.multi_index`) and are checked on the
+full vectors. Its recall against the exact method is measured by ``bench scale``.
 """
 
 from __future__ import annotations
@@ -26,15 +27,23 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-#: Items whose probes are expanded at a time.
+from prx_assets.core.curate.multi_index import (
+    ASSIGN_CHUNK,
+    CODE_MARGIN,
+    encode_rows,
+    multi_index_pairs,
+    random_rotation,
+)
+
+#: Items whose probes are expanded at a time (multi-index hashing).
 PHASH_CHUNK = 32_768
-#: Up to this many vectors, embedding dedup compares every pair (exact); above it, an inverted file.
+#: Most tables the block method may use before multi-index hashing is preferred.
+PHASH_MAX_TABLES = 64
+#: Up to this many vectors, embedding dedup compares every pair (exact); above it, a multi-index.
 EMBEDDING_EXACT_BELOW = 20_000
-#: Centroids each vector is compared under (its nearest ones) above ``EMBEDDING_EXACT_BELOW``.
-EMBEDDING_PROBES = 6
 #: Rows whose products are taken at a time (a chunk x members float32 block).
 EMBEDDING_CHUNK = 4_096
-#: Above twice this many dimensions, the inverted file finds candidates in a random projection to it.
+#: Above twice this many dimensions, candidates are found in a random projection to it.
 EMBEDDING_PROJECTED_DIM = 128
 #: Similarities held at a time (float32): 64 MB.
 EMBEDDING_BLOCK = 16 * 2**20
@@ -69,10 +78,76 @@ def _probes(width: int, radius: int) -> np.ndarray:
     return np.array(masks, dtype=np.uint64)
 
 
-def phash_pairs(hashes: np.ndarray, distance: int, chunk: int = PHASH_CHUNK) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair ``(i, j)``, ``j < i``, with ``hashes[i]`` and ``hashes[j]`` within ``distance`` bits
-    (each pair once), found by multi-index hashing (see module docs)."""
-    h = np.asarray(hashes, dtype=np.uint64)
+def phash_blocks(distance: int, n: int, max_tables: int = PHASH_MAX_TABLES) -> int | None:
+    """Blocks ``B`` for the block method at ``distance`` over ``n`` hashes (``C(B, distance)``
+    tables), or ``None`` when multi-index hashing costs less. The cost model: a sort per table
+    (about ten pair checks per item) plus the pairs within its runs of equal keys.
+
+    >>> phash_blocks(4, 10_000_000), phash_blocks(4, 1_000), phash_blocks(12, 10_000_000)
+    (6, None, None)
+    """
+    if distance < 1:
+        return None
+    best: tuple[float, int] | None = None
+    for blocks in range(distance + 1, 65):
+        tables = math.comb(blocks, distance)
+        if tables > max_tables:
+            break
+        per_key = n / 2 ** (64 * (blocks - distance) / blocks)
+        cost = tables * (10.0 + per_key / 2)
+        if best is None or cost < best[0]:
+            best = (cost, blocks)
+    if best is None:
+        return None
+    subs = _substrings(distance, n)
+    width = 64 // len(subs)
+    probes = sum(math.comb(width, r) for r in range(distance // len(subs) + 1))
+    mih = len(subs) * probes * (4.0 + 4.0 * n / 2 ** width)
+    return best[1] if best[0] <= mih else None
+
+
+def _block_pairs(h: np.ndarray, distance: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair within ``distance`` bits by the block method (see module docs), ``(later, earlier)``
+    with repeats (a pair that agrees on several block choices is found in each)."""
+    n = len(h)
+    widths = [64 // blocks + (1 if i < 64 % blocks else 0) for i in range(blocks)]
+    shifts = [sum(widths[:i]) for i in range(blocks)]
+    found_i: list[np.ndarray] = []
+    found_j: list[np.ndarray] = []
+    rows = np.arange(n, dtype=np.uint64)
+    for clean in itertools.combinations(range(blocks), blocks - distance):
+        key = np.zeros(n, dtype=np.uint64)
+        at = 0
+        for b in clean:
+            key |= ((h >> np.uint64(shifts[b])) & np.uint64((1 << widths[b]) - 1)) << np.uint64(at)
+            at += widths[b]
+        if at > 32:  # the key and the row share one 64-bit word below; keep its top 32 bits
+            key >>= np.uint64(at - 32)
+        packed = (key << np.uint64(32)) | rows
+        del key
+        packed.sort()  # by key, then row: numpy's vectorized sort, several times an argsort's speed
+        order = (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        starts = np.flatnonzero(np.r_[True, (packed[1:] >> np.uint64(32)) != (packed[:-1] >> np.uint64(32))])
+        del packed
+        ends = np.r_[starts[1:], n]
+        end = np.repeat(ends, ends - starts)  # per sorted position: where its run of equal keys ends
+        hs = h[order]
+        pos = np.flatnonzero(end - np.arange(n) > 1)
+        step = 1
+        while len(pos):  # position p meets p + step in its run; each pair of a run once
+            near = np.bitwise_count(hs[pos] ^ hs[pos + step]) <= distance
+            a, b = order[pos[near]], order[pos[near] + step]
+            found_i.append(np.maximum(a, b))
+            found_j.append(np.minimum(a, b))
+            step += 1
+            pos = pos[end[pos] - pos > step]
+    if not found_i:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(found_i), np.concatenate(found_j)
+
+
+def _mih_pairs(h: np.ndarray, distance: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair within ``distance`` bits by multi-index hashing, ``(later, earlier)`` with repeats."""
     n = len(h)
     found_i: list[np.ndarray] = []
     found_j: list[np.ndarray] = []
@@ -106,21 +181,44 @@ def phash_pairs(hashes: np.ndarray, distance: int, chunk: int = PHASH_CHUNK) -> 
             found_j.append(j[near])
     if not found_i:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    pairs = np.unique(np.stack([np.concatenate(found_i), np.concatenate(found_j)], axis=1), axis=0)
-    return pairs[:, 0], pairs[:, 1]
+    return np.concatenate(found_i), np.concatenate(found_j)
+
+
+def unique_pairs(later: np.ndarray, earlier: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs without repeats, sorted by ``later`` then ``earlier`` (rows below 2**32)."""
+    packed = np.unique((later.astype(np.uint64) << np.uint64(32)) | earlier.astype(np.uint64))
+    return (packed >> np.uint64(32)).astype(np.int64), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)
+
+
+def phash_pairs(hashes: np.ndarray, distance: int, chunk: int = PHASH_CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair ``(i, j)``, ``j < i``, with ``hashes[i]`` and ``hashes[j]`` within ``distance`` bits
+    (each pair once, sorted), by the block method or multi-index hashing (see module docs)."""
+    h = np.asarray(hashes, dtype=np.uint64)
+    blocks = phash_blocks(distance, len(h))
+    later, earlier = _block_pairs(h, distance, blocks) if blocks else _mih_pairs(h, distance, chunk)
+    return unique_pairs(later, earlier)
+
+
 
 
 def near_duplicates_phash(hashes: Sequence[int] | np.ndarray, distance: int) -> list[bool]:
     """Greedy in the given order: keep an item unless it is within ``distance`` bits of a kept one.
 
-    >>> near_duplicates_phash([0b1111, 0b1110, 0xFFFF << 40], 1)
-    [True, False, True]
+    Items with the same hash share their fate (after the first, each is within distance 0 of it,
+    or of whatever dropped it), so the pairs are found among distinct hashes only.
+
+    >>> near_duplicates_phash([0b1111, 0b1110, 0xFFFF << 40, 0b1111], 1)
+    [True, False, True, False]
     """
     h = np.asarray(hashes, dtype=np.uint64) if len(hashes) else np.zeros(0, np.uint64)
-    if distance <= 0:
-        return first_occurrences(h).tolist()
-    later, earlier = phash_pairs(h, min(int(distance), 64))
-    return greedy_keep(len(h), later, earlier).tolist()
+    first = first_occurrences(h)
+    if distance <= 0 or not len(h):
+        return first.tolist()
+    distinct = np.flatnonzero(first)
+    later, earlier = phash_pairs(h[distinct], min(int(distance), 64))
+    keep = np.zeros(len(h), dtype=bool)
+    keep[distinct] = greedy_keep(len(distinct), later, earlier)
+    return keep.tolist()
 
 
 def greedy_keep(n: int, later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
@@ -180,130 +278,89 @@ def _pairs_between(unit: np.ndarray, queries: np.ndarray, members: np.ndarray, t
     return np.concatenate(found_q), np.concatenate(found_m)
 
 
-def _centroids(unit: np.ndarray, k: int, rng: np.random.Generator, iters: int, chunk: int) -> np.ndarray:
-    """Spherical k-means on a sample of ``unit`` (about 40 rows per centroid)."""
-    sample = unit[np.sort(rng.choice(len(unit), size=min(len(unit), 40 * k), replace=False))]
-    cents = sample[rng.choice(len(sample), size=k, replace=False)].copy()
-    for _ in range(iters):
-        assign = np.concatenate([np.argmax(sample[a:a + chunk] @ cents.T, axis=1)
-                                 for a in range(0, len(sample), chunk)])
-        order = np.argsort(assign, kind="stable")
-        present, starts = np.unique(assign[order], return_index=True)
-        sums = np.zeros_like(cents)
-        sums[present] = np.add.reduceat(sample[order], starts, axis=0)
-        norms = np.linalg.norm(sums, axis=1)
-        filled = norms > 0
-        cents[filled] = sums[filled] / norms[filled, None]  # an empty cluster keeps its centroid
-    return cents
-
-
 def embedding_pairs(vectors: np.ndarray, threshold: float, exact_below: int = EMBEDDING_EXACT_BELOW,
-                    probes: int = EMBEDDING_PROBES, chunk: int = EMBEDDING_CHUNK, seed: int = 0,
+                    chunk: int = EMBEDDING_CHUNK, seed: int = 0,
                     overwrite: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(i, j)``, ``j < i``, of rows whose cosine is >= ``threshold`` (rows that are not
     finite vectors pair with nothing).
 
-    Up to ``exact_below`` valid rows every pair is compared (in blocks). Above it, an inverted
-    file: spherical k-means centroids (about ``sqrt(probes * n)`` of them, trained on a sample),
-    each row filed under its nearest centroid and compared with the rows filed under its
-    ``probes`` nearest ones. Work grows with ``n**1.5`` instead of ``n**2``; a pair is missed only
-    when neither row's nearest centroid is among the other's ``probes`` nearest, which for
-    near-duplicates (cosine close to 1) is rare; ``bench scale`` measures the recall.
-    ``overwrite`` lets it normalize a float32 ``vectors`` in place instead of copying it.
+    Up to ``exact_below`` valid rows every pair is compared (in blocks). Above it, candidates come
+    from an inverted multi-index over int8 codes of the rows (randomly rotated, or projected to
+    ``EMBEDDING_PROJECTED_DIM`` dimensions above twice that), at a threshold lowered by the
+    projection's and the codes' error margins, and each candidate is checked on the full vectors:
+    every pair reported is a true pair; a pair is missed only when neither row's probes reach the
+    other's cell in any table (recall measured by ``bench scale``). Work grows with ``n``, not
+    ``n**1.5`` or ``n**2``. ``overwrite`` lets the exact method normalize a float32 ``vectors`` in
+    place instead of copying it.
     """
-    valid, unit = _unit_rows(np.asarray(vectors), chunk, overwrite)
-    n = len(valid)
-    if n < 2:
+    vectors = np.asarray(vectors)
+    n, dim = len(vectors), (vectors.shape[1] if vectors.ndim == 2 else 0)
+    if n < 2 or dim == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     if n <= exact_below:
-        everyone = np.arange(n)
+        valid, unit = _unit_rows(vectors, chunk, overwrite)
+        everyone = np.arange(len(valid))
         qi, mi = _pairs_between(unit, everyone, everyone, threshold, chunk)
         return valid[qi], valid[mi]
     rng = np.random.default_rng(seed)
-    space, loose = unit, threshold
-    if unit.shape[1] > 2 * EMBEDDING_PROJECTED_DIM:
-        # Candidates are found in a random projection (cosines move by a few hundredths there,
-        # so a looser threshold keeps every true pair); each is then checked in full.
-        space = _project(unit, projection_matrix(unit.shape[1], rng), chunk)
-        loose = threshold - projection_margin(threshold, EMBEDDING_PROJECTED_DIM)
-    pairs = _ivf_pairs(space, loose, probes, chunk, rng)
-    if space is not unit and len(pairs):  # the candidates, checked on the full vectors
-        ok = np.concatenate([np.einsum("ij,ij->i", unit[pairs[a:a + chunk, 0]], unit[pairs[a:a + chunk, 1]])
-                             for a in range(0, len(pairs), chunk)]) >= threshold
-        pairs = pairs[ok]
-    return valid[pairs[:, 0]], valid[pairs[:, 1]]
-
-
-def _ivf_pairs(space: np.ndarray, threshold: float, probes: int, chunk: int,
-               rng: np.random.Generator) -> np.ndarray:
-    """``(i, j)`` rows, ``j < i``, of unit rows ``space`` with cosine >= ``threshold`` found by the
-    inverted file (see :func:`embedding_pairs`), unique, as an ``m x 2`` array."""
-    n = len(space)
-    k = max(2, min(n // 8, int(math.sqrt(probes * n))))
-    cents = _centroids(space, k, rng, iters=6, chunk=chunk)
-    probes = min(probes, k)
-    near = np.empty((n, probes), dtype=np.int32)
-    for a in range(0, n, chunk):
-        sims = space[a:a + chunk] @ cents.T
-        rows = np.arange(len(sims))
-        for p in range(probes):  # the nearest centroids in order (a few argmax passes beat a partition)
-            near[a:a + chunk, p] = best = np.argmax(sims, axis=1)
-            sims[rows, best] = -np.inf
-    home = near[:, 0]
-    by_home = np.argsort(home, kind="stable")
-    home_starts = np.searchsorted(home[by_home], np.arange(k + 1))
-    by_probe = np.argsort(near.ravel(), kind="stable")
-    probe_starts = np.searchsorted(near.ravel()[by_probe], np.arange(k + 1))
-    del near
-    found_q: list[np.ndarray] = []
-    found_m: list[np.ndarray] = []
-    for c in range(k):
-        members = by_home[home_starts[c]:home_starts[c + 1]]  # ascending: the sort is stable
-        queries = by_probe[probe_starts[c]:probe_starts[c + 1]] // probes
-        qi, mi = _pairs_between(space, queries, members, threshold, chunk)
-        found_q.append(qi)
-        found_m.append(mi)
-    return np.unique(np.stack([np.concatenate(found_q), np.concatenate(found_m)], axis=1), axis=0)
+    mapping = search_map(dim, rng)
+    ok = np.zeros(n, dtype=bool)
+    codes: list[np.ndarray] = []
+    scales: list[np.ndarray] = []
+    for a in range(0, n, ASSIGN_CHUNK):
+        good, c, sc = encode_for_search(vectors[a:a + ASSIGN_CHUNK], mapping)
+        ok[a:a + len(good)] = good
+        codes.append(c)
+        scales.append(sc)
+    return projected_pairs(np.concatenate(codes), np.concatenate(scales), ok, threshold, dim,
+                           lambda rows: vectors[rows], rng)
 
 
 def projection_matrix(dim: int, rng: np.random.Generator, dims: int = EMBEDDING_PROJECTED_DIM) -> np.ndarray:
-    """The Gaussian random projection ``dim -> dims`` (float32) the inverted file searches in."""
+    """The Gaussian random projection ``dim -> dims`` (float32) candidates are searched in."""
     return (rng.standard_normal((dim, dims)) / math.sqrt(dims)).astype(np.float32)
 
 
-def project_rows(block: np.ndarray, proj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For raw vectors ``block``: which rows are finite and non-zero, and those rows scaled to unit
-    length, projected through ``proj`` and scaled to unit length again (float32)."""
-    b = np.asarray(block, dtype=np.float32)
-    good = np.isfinite(b).all(axis=1) & (np.abs(b).sum(axis=1) > 0)
-    u = b[good]
-    u /= np.linalg.norm(u, axis=1, keepdims=True)
-    p = u @ proj
-    p /= np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1e-12)
-    return good, p
+def search_map(dim: int, rng: np.random.Generator) -> np.ndarray:
+    """The matrix rows pass through before they are encoded for the candidate search: a random
+    projection to ``EMBEDDING_PROJECTED_DIM`` above twice that many dimensions, else a random
+    rotation (which spreads every vector's energy over its components, so int8 codes are even)."""
+    return projection_matrix(dim, rng) if dim > 2 * EMBEDDING_PROJECTED_DIM else random_rotation(dim, rng)
 
 
-def projected_pairs(space: np.ndarray, ok: np.ndarray, threshold: float,
+def candidate_threshold(threshold: float, dim: int) -> float:
+    """The cosine on encoded rows at or above which a pair is a candidate for ``threshold`` on the
+    vectors: lower by the projection's margin (when ``dim`` is projected) and the codes' margin."""
+    if dim > 2 * EMBEDDING_PROJECTED_DIM:
+        threshold -= projection_margin(threshold, EMBEDDING_PROJECTED_DIM)
+    return threshold - CODE_MARGIN
+
+
+def encode_for_search(block: np.ndarray, mapping: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For raw vectors ``block``: which rows are usable (finite and non-zero: a NaN or infinity
+    anywhere makes every mapped component non-finite), and the usable rows through ``mapping``
+    (:func:`search_map`), scaled to unit length and encoded (:func:`encode_rows`: codes, scales)."""
+    p = np.asarray(block, dtype=np.float32) @ mapping
+    norm = np.linalg.norm(p, axis=1)
+    good = np.isfinite(p).all(axis=1) & (norm > 0)
+    codes, scale = encode_rows(p[good] / norm[good, None])
+    return good, codes, scale
+
+
+def projected_pairs(codes: np.ndarray, scale: np.ndarray, ok: np.ndarray, threshold: float, dim: int,
                     fetch: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator,
-                    probes: int = EMBEDDING_PROBES, chunk: int = EMBEDDING_CHUNK,
                     verify_rows: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`embedding_pairs` for vectors too large to hold: ``space`` holds every row's projection
-    (:func:`project_rows` with :func:`projection_matrix` drawn first from ``rng``; rows where ``ok``
-    is false are ignored), and ``fetch(rows)`` returns the raw vectors of the given rows. Candidates
-    are found in the projection and checked on full vectors fetched ``verify_rows`` at a time, so
-    memory holds the projection (512 bytes a row) and one block, never every full vector. Finds the
-    same pairs as :func:`embedding_pairs` with the same seed.
-
-    ``space`` is compacted in place (its valid rows moved to the front)."""
+    """Pairs ``(i, j)``, ``j < i``, of rows whose cosine is >= ``threshold``, for vectors too many
+    to hold: ``codes``/``scale`` hold the usable rows' encodings (:func:`encode_for_search` with
+    :func:`search_map` drawn first from ``rng``) in row order, ``ok`` says which of the ``dim``-d
+    rows are usable, and ``fetch(rows)`` returns the raw vectors of the given rows. Candidates come
+    from the inverted multi-index (:mod:`prx_assets.core.curate.multi_index`) and are checked on
+    the full vectors, fetched ``verify_rows`` at a time, so memory holds the codes (about 132 bytes
+    a row) and one block, never every full vector."""
     valid = np.flatnonzero(ok)
-    for a in range(0, len(valid), chunk):  # in place: each chunk reads rows at or after the ones it writes
-        take = valid[a:a + chunk]
-        space[a:a + len(take)] = space[take]
-    space = space[:len(valid)]
     if len(valid) < 2:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    loose = threshold - projection_margin(threshold, space.shape[1])
-    pairs = _ivf_pairs(space, loose, probes, chunk, rng)
+    pairs = multi_index_pairs(codes, scale, candidate_threshold(threshold, dim), rng)
     keep = np.zeros(len(pairs), dtype=bool)
     step = max(1, verify_rows // 2)
     for a in range(0, len(pairs), step):  # each block fetches at most ``verify_rows`` full vectors
@@ -325,15 +382,6 @@ def projection_margin(threshold: float, dims: int) -> float:
     0.062
     """
     return 6 * (1 - threshold ** 2) / math.sqrt(dims) + 0.01
-
-
-def _project(unit: np.ndarray, proj: np.ndarray, chunk: int) -> np.ndarray:
-    """Rows of ``unit`` through the projection ``proj``, scaled to unit length again."""
-    out = np.empty((len(unit), proj.shape[1]), dtype=np.float32)
-    for a in range(0, len(unit), chunk):
-        block = unit[a:a + chunk] @ proj
-        out[a:a + chunk] = block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
-    return out
 
 
 def near_duplicates_embedding(vectors: np.ndarray, threshold: float, exact_below: int = EMBEDDING_EXACT_BELOW,

@@ -15,9 +15,7 @@ from another Lance version that holds the same content gives the same id.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import lance
@@ -27,15 +25,15 @@ import pyarrow.compute as pc
 
 from prx_assets.core.curate.dedup import (
     EMBEDDING_EXACT_BELOW,
-    EMBEDDING_PROJECTED_DIM,
+    encode_for_search,
     first_occurrences,
     greedy_keep,
     near_duplicates_embedding,
     near_duplicates_phash,
-    project_rows,
     projected_pairs,
-    projection_matrix,
+    search_map,
 )
+from prx_assets.core.curate.digests import content_hash_of, digests_of
 from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.lab.changes import vector_matrix
@@ -125,29 +123,11 @@ def _count(ds: lance.LanceDataset, clauses: list[str], recipe: str) -> int:
                             f"Columns: {', '.join(ds.schema.names)}") from None
 
 
-def content_digest(sha256: str, ingest_config: str, captions: Mapping[str, str | None]) -> str:
-    """What a consumer reads of one image: the original (``sha256``), how it was normalized
-    (``ingest_config``: a re-encode at another quality is new content) and its caption texts.
-
-    >>> content_digest("ab", "q92", {"caption__a": "a cat"}) != content_digest("ab", "q92", {"caption__a": "a dog"})
-    True
-    """
-    return hashlib.sha256(json.dumps([sha256, ingest_config, sorted(captions.items())]).encode()).hexdigest()[:16]
-
-
-def content_hash(caption_columns: Sequence[str], items: Iterable[tuple[str, str]]) -> str:
-    """Identity of a subset's content: its caption columns, then ``(image id, content digest)`` per
-    selected image in id order. Streamed: memory does not grow with the subset.
-
-    >>> content_hash(["caption__a"], [("i1", "d1")]) == content_hash(["caption__a"], [("i1", "d1")])
-    True
-    >>> content_hash(["caption__a"], [("i1", "d1")]) == content_hash(["caption__a"], [("i1", "d2")])
-    False
-    """
-    h = hashlib.sha256(json.dumps(list(caption_columns)).encode())
-    for image_id, digest in items:
-        h.update(b"\n" + json.dumps([image_id, digest]).encode())
-    return h.hexdigest()[:20]
+#: Candidate rows read from the lab at a time.
+SCAN_ROWS = 65_536
+#: Above this share of the table's rows, survivors' vectors are read by one scan of the column;
+#: below it, taken by row id.
+SCAN_ABOVE_SHARE = 0.25
 
 
 def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence[str] = (),
@@ -155,8 +135,11 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     """Run ``recipe`` on the lab version ``ds`` (see module docs); ``optouts`` (recorded requests)
     apply to every recipe, each with its own drop count in ``Subset.optout_dropped``.
 
-    The candidates are one Arrow table (the filters pushed down to Lance); every rule is a
-    vectorized mask over it (see :mod:`prx_assets.core.curate.dedup`), never a list of rows.
+    The candidates stream from one Lance scan (the filters pushed down) in Arrow batches; each
+    batch is reduced to the few columns the rules need (ids, hashes, area, bucket, row id) and its
+    images' content digests, so the caption texts are never held for the whole set. Every rule is a
+    vectorized mask over that compact table (see :mod:`prx_assets.core.curate.dedup`), never a list
+    of rows, and embedding dedup reads the survivors' vectors by row id into int8 codes.
     """
     out = Subset(recipe=recipe.name, version=ds.version, total=ds.count_rows())
     captions = list(recipe.captions) + [n for n, _ in recipe.caption_mix if n not in recipe.captions]
@@ -168,18 +151,13 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         n = _count(ds, clauses, recipe.name)
         out.dropped[rule] = remaining - n
         remaining = n
-    cols = ["image_id", "uri", "sha256", "ingest_config", "phash", "width", "height", "aspect_bucket",
-            *out.caption_columns]
     threshold = recipe.dedup.embedding_threshold
     if threshold is not None and (embedding_column is None or embedding_column not in ds.schema.names):
         raise CurationError(f"recipe {recipe.name!r} asks for embedding dedup but the lab has no "
                             f"embedding column {embedding_column!r}; materialize image_embeddings "
                             "and lance_table first")
     where = " AND ".join(clauses) or None
-    t = ds.to_table(columns=cols, filter=where)
-    area = pc.multiply(pc.cast(t.column("width"), pa.int64()), pc.cast(t.column("height"), pa.int64()))
-    t = t.append_column("_area", area)
-    t = t.take(pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]))
+    t = candidates(ds, where, out.caption_columns)
 
     def apply(rule: str, keep: pa.Array | np.ndarray) -> int:
         nonlocal t
@@ -194,6 +172,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
                       pc.is_in(t.column("uri"), value_set=pa.array(list(uris), pa.string())))
         return pc.invert(gone)
 
+    # Row-by-row rules first (their counts do not depend on the order), then the order dedup keeps.
     ids_out, uris_out = recipe.optout_ids(), recipe.optout_uris()
     if ids_out or uris_out:
         apply("optout", not_in(ids_out, uris_out))
@@ -203,8 +182,9 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     if optouts:
         out.dropped["optout_requests"] = sum(out.optout_dropped.values())
     if out.caption_columns:
-        has = [pc.fill_null(pc.not_equal(t.column(c), ""), False) for c in out.caption_columns]
-        apply("no_caption", functools.reduce(pc.or_, has))
+        apply("no_caption", t.column("_has_caption"))
+    t = t.drop_columns([c for c in ("uri", "_has_caption") if c in t.column_names])
+    t = t.take(pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]))
     if recipe.dedup.exact:
         apply("dedup_exact", first_occurrences(t.column("sha256").combine_chunks().dictionary_encode()
                                                .indices.to_numpy()))
@@ -212,97 +192,122 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         apply("dedup_phash", near_duplicates_phash(t.column("phash").to_numpy().astype(np.uint64),
                                                    int(recipe.dedup.phash_distance)))
     if threshold is not None and embedding_column is not None:
-        apply("dedup_embedding", embedding_keep(ds, embedding_column, where, t.column("image_id"), float(threshold)))
+        row_ids = t.column("_rowid").to_numpy()
+        apply("dedup_embedding", embedding_keep(ds, embedding_column, row_ids, float(threshold)))
     t = t.take(pc.sort_indices(t, sort_keys=[("image_id", "ascending")]))
     if recipe.cap is not None and t.num_rows > recipe.cap:
         pick = np.sort(np.random.default_rng(recipe.seed).permutation(t.num_rows)[: recipe.cap])
         out.dropped["cap"] = t.num_rows - len(pick)
         t = t.take(pa.array(pick))
-    out.selected = pa.table({"image_id": t.column("image_id"), "digest": _digests(t, out.caption_columns)},
-                            schema=SELECTED_SCHEMA)
-    out.content_hash = content_hash(out.caption_columns, _pairs(out.selected))
+    out.selected = pa.table({"image_id": t.column("image_id"), "digest": t.column("digest")},
+                            schema=SELECTED_SCHEMA).combine_chunks()
+    out.content_hash = content_hash_of(out.caption_columns, out.selected)
     counts = pc.value_counts(t.column("aspect_bucket")).to_pylist() if t.num_rows else []
     out.buckets = dict(sorted((c["values"], int(c["counts"])) for c in counts))
     return out
 
 
-def embedding_keep(ds: lance.LanceDataset, column: str, where: str | None, ids: pa.ChunkedArray | pa.Array,
-                   threshold: float) -> np.ndarray:
-    """Greedy embedding dedup of ``ids`` in their order (see :mod:`prx_assets.core.curate.dedup`).
+def candidates(ds: lance.LanceDataset, where: str | None, caption_columns: Sequence[str],
+               batch_rows: int = SCAN_ROWS) -> pa.Table:
+    """The rows ``where`` selects, as the compact table the rules run on: ``image_id``, ``uri``,
+    ``sha256``, ``phash``, ``_area`` (pixels), ``aspect_bucket``, ``digest`` (content digest),
+    ``_rowid`` and, with caption columns, ``_has_caption``. Streamed from one scan a batch at a
+    time: the caption texts are hashed into the digest and dropped with their batch."""
+    cols = ["image_id", "uri", "sha256", "ingest_config", "phash", "width", "height", "aspect_bucket",
+            *caption_columns]
+    parts = []
+    for batch in ds.scanner(columns=cols, filter=where, with_row_id=True, batch_size=batch_rows).to_batches():
+        if not batch.num_rows:
+            continue
+        part = {"image_id": batch.column("image_id"), "uri": batch.column("uri"), "sha256": batch.column("sha256"),
+                "phash": batch.column("phash"),
+                "_area": pc.multiply(pc.cast(batch.column("width"), pa.int64()),
+                                     pc.cast(batch.column("height"), pa.int64())),
+                "aspect_bucket": batch.column("aspect_bucket"), "digest": digests_of(batch, caption_columns),
+                "_rowid": batch.column("_rowid")}
+        if caption_columns:
+            has = [pc.fill_null(pc.not_equal(batch.column(c), ""), False) for c in caption_columns]
+            part["_has_caption"] = functools.reduce(pc.or_, has)
+        parts.append(pa.table(part))
+    if not parts:
+        empty = {"image_id": pa.string(), "uri": pa.string(), "sha256": pa.string(), "phash": pa.uint64(),
+                 "_area": pa.int64(), "aspect_bucket": pa.string(), "digest": pa.string(), "_rowid": pa.uint64()}
+        if caption_columns:
+            empty["_has_caption"] = pa.bool_()
+        return pa.schema(empty).empty_table()
+    return pa.concat_tables(parts)
 
-    Up to ``EMBEDDING_EXACT_BELOW`` survivors, or for vectors of at most twice
-    ``EMBEDDING_PROJECTED_DIM`` dimensions, their vectors are read into one matrix. Above it only their
-    random projection is held (512 bytes a row instead of 4 per dimension: 5 GB at 10M rows of
-    1,152-d instead of 46 GB); the candidate pairs' full vectors are taken by row id afterwards."""
+
+def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, threshold: float) -> np.ndarray:
+    """Greedy embedding dedup of the rows ``row_ids`` in their order (see
+    :mod:`prx_assets.core.curate.dedup`).
+
+    Up to ``EMBEDDING_EXACT_BELOW`` rows their vectors are read into one matrix and every pair is
+    compared. Above it only int8 codes of the vectors are held (about 132 bytes a row, 1.3 GB at
+    10M: the float32 vectors of 1,152 dimensions would be 46 GB), filled as the vectors stream in;
+    the candidate pairs' full vectors are taken by row id afterwards."""
+    row_ids = np.asarray(row_ids, dtype=np.uint64)
+    n = len(row_ids)
     dim = ds.schema.field(column).type.list_size
-    if len(ids) <= EMBEDDING_EXACT_BELOW or dim <= 2 * EMBEDDING_PROJECTED_DIM:
-        vecs = survivor_vectors(ds, column, where, ids)
+    if n <= EMBEDDING_EXACT_BELOW:
+        vecs = np.full((n, dim), np.nan, dtype=np.float32)
+
+        def fill(pos: np.ndarray, block: np.ndarray) -> None:
+            vecs[pos] = block
+        read_by_row_ids(ds, column, row_ids, fill)
         return np.asarray(near_duplicates_embedding(vecs, threshold, overwrite=True), dtype=bool)
     rng = np.random.default_rng(0)  # the same draws as ``embedding_pairs(seed=0)``: the same pairs
-    proj = projection_matrix(dim, rng)
-    space, ok, row_ids = survivor_projection(ds, column, where, ids, proj)
+    mapping = search_map(dim, rng)
+    codes = np.zeros((n, mapping.shape[1]), dtype=np.int8)
+    scale = np.zeros(n, dtype=np.float32)
+    ok = np.zeros(n, dtype=bool)
+
+    def encode(pos: np.ndarray, block: np.ndarray) -> None:
+        good, c, sc = encode_for_search(block, mapping)
+        codes[pos[good]] = c
+        scale[pos[good]] = sc
+        ok[pos[good]] = True
+    read_by_row_ids(ds, column, row_ids, encode)
+    valid = np.flatnonzero(ok)
+    for a in range(0, len(valid), SCAN_ROWS):  # compact in place: each chunk reads rows at or after it
+        take = valid[a:a + SCAN_ROWS]
+        codes[a:a + len(take)] = codes[take]
+        scale[a:a + len(take)] = scale[take]
 
     def fetch(rows: np.ndarray) -> np.ndarray:
-        return vector_matrix(ds._take_rows(pa.array(row_ids[rows]), columns=[column]).column(0))
+        out = np.full((len(rows), dim), np.nan, dtype=np.float32)
 
-    later, earlier = projected_pairs(space, ok, threshold, fetch, rng)
-    return greedy_keep(len(ids), later, earlier)
+        def put(pos: np.ndarray, block: np.ndarray) -> None:
+            out[pos] = block
+        read_by_row_ids(ds, column, row_ids[rows], put, scan=False)
+        return out
 
-
-def survivor_projection(ds: lance.LanceDataset, column: str, where: str | None, ids: pa.ChunkedArray | pa.Array,
-                        proj: np.ndarray, batch_rows: int = 32_768) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For ``ids`` in their order: the unit projection of each one's vector (:func:`project_rows`),
-    whether it has a finite non-zero vector, and its row id, read batch by batch (the full vectors
-    are never held beyond one batch)."""
-    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    space = np.zeros((len(ids), proj.shape[1]), dtype=np.float32)
-    ok = np.zeros(len(ids), dtype=bool)
-    row_ids = np.zeros(len(ids), dtype=np.uint64)
-    scan = ds.scanner(columns=["image_id", column], filter=where, batch_size=batch_rows, with_row_id=True)
-    for batch in scan.to_batches():
-        pos = pc.index_in(batch.column(0), value_set=ids)
-        keep = pc.is_valid(pos)
-        if not pc.any(keep).as_py():
-            continue
-        rows = pc.filter(pos, keep).to_numpy()
-        good, projected = project_rows(vector_matrix(pc.filter(batch.column(1), keep)), proj)
-        space[rows[good]] = projected
-        ok[rows[good]] = True
-        row_ids[rows] = pc.filter(batch.column("_rowid"), keep).to_numpy()
-    return space, ok, row_ids
+    later, earlier = projected_pairs(codes[:len(valid)], scale[:len(valid)], ok, threshold, dim, fetch, rng)
+    return greedy_keep(n, later, earlier)
 
 
-def survivor_vectors(ds: lance.LanceDataset, column: str, where: str | None, ids: pa.ChunkedArray | pa.Array,
-                     batch_rows: int = 32_768) -> np.ndarray:
-    """The ``column`` vectors of ``ids``, in their order, as one float32 matrix (rows of ids without
-    a vector are NaN). Read batch by batch after the cheaper rules have run, so memory holds the
-    survivors' vectors once, never the candidates' Arrow column and copies of it."""
-    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    dim = ds.schema.field(column).type.list_size
-    out = np.full((len(ids), dim), np.nan, dtype=np.float32)
-    for batch in ds.scanner(columns=["image_id", column], filter=where, batch_size=batch_rows).to_batches():
-        pos = pc.index_in(batch.column(0), value_set=ids)
-        keep = pc.is_valid(pos)
-        if not pc.any(keep).as_py():
-            continue
-        rows = pc.filter(pos, keep).to_numpy()
-        out[rows] = vector_matrix(pc.filter(batch.column(1), keep))
-    return out
-
-
-def _digests(t: pa.Table, caption_columns: Sequence[str], chunk: int = 65_536) -> pa.Array:
-    """The content digest of every row of ``t``, computed a chunk of rows at a time."""
-    parts = []
-    for start in range(0, t.num_rows, chunk):
-        part = t.slice(start, chunk).select(["sha256", "ingest_config", *caption_columns]).to_pydict()
-        caps = [part[c] for c in caption_columns]
-        parts.append(pa.array([content_digest(sha, cfg, {c: v[k] for c, v in zip(caption_columns, caps, strict=True)})
-                               for k, (sha, cfg) in enumerate(zip(part["sha256"], part["ingest_config"],
-                                                                  strict=True))], pa.string()))
-    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
-
-
-def _pairs(selected: pa.Table, chunk: int = 65_536) -> Iterator[tuple[str, str]]:
-    for start in range(0, selected.num_rows, chunk):
-        part = selected.slice(start, chunk)
-        yield from zip(part.column("image_id").to_pylist(), part.column("digest").to_pylist(), strict=True)
+def read_by_row_ids(ds: lance.LanceDataset, column: str, row_ids: np.ndarray,
+                    on_block: Callable[[np.ndarray, np.ndarray], None], batch_rows: int = 32_768,
+                    scan: bool | None = None) -> None:
+    """Call ``on_block(positions, vectors)`` for the ``column`` vectors of ``row_ids`` (positions
+    index ``row_ids``; a null vector is NaN), a block at a time, never the whole column: taken by
+    row id in row order, or (``scan``, default above ``SCAN_ABOVE_SHARE`` of the table) picked out
+    of one scan of the column (row ids matched by a sorted search, not a set of strings)."""
+    n = len(row_ids)
+    if not n:
+        return
+    order = np.argsort(row_ids, kind="stable")
+    sorted_ids = row_ids[order]
+    if scan is None:
+        scan = n > SCAN_ABOVE_SHARE * ds.count_rows()
+    if not scan:
+        for a in range(0, n, batch_rows):
+            got = ds._take_rows(pa.array(sorted_ids[a:a + batch_rows]), columns=[column])
+            on_block(order[a:a + batch_rows], vector_matrix(got.column(0)))
+        return
+    for batch in ds.scanner(columns=[column], with_row_id=True, batch_size=batch_rows).to_batches():
+        rid = batch.column("_rowid").to_numpy()
+        loc = np.minimum(np.searchsorted(sorted_ids, rid), n - 1)
+        hit = sorted_ids[loc] == rid
+        if hit.any():
+            on_block(order[loc[hit]], vector_matrix(batch.column(0).filter(pa.array(hit))))

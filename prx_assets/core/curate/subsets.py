@@ -3,7 +3,7 @@
 A subset lives at ``<data root>/curated/<recipe>/<subset id>/`` with ``ids.parquet`` (the
 selected image ids) and ``subset.json`` (recipe, recipe hash, Lance URI and version, drop
 counts, buckets). The subset id is the hash of its content (ids, original hashes, caption
-texts; see :func:`prx_assets.core.curate.selection.content_hash`): a re-cut that selects the
+texts; see :func:`prx_assets.core.curate.digests.content_hash`): a re-cut that selects the
 same content lands at the same place and is not rewritten, whatever Lance version it was
 read from. The Lance version (lineage, not identity) is tagged ``subset-<recipe>-v<version>``
 so maintenance never removes it.

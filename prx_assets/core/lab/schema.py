@@ -87,14 +87,18 @@ def embeddings_table(embedder_id: str) -> str:
     return f"embeddings_{embedder_id}"
 
 
-def embeddings_schema(dim: int) -> pa.Schema:
-    """Schema of an embeddings table with ``dim``-dimensional vectors."""
+#: Stored precisions of embedding vectors (``EmbedderSpec.vector_dtype``).
+VECTOR_DTYPES: dict[str, pa.DataType] = {"float32": pa.float32(), "float16": pa.float16()}
+
+
+def embeddings_schema(dim: int, vector_dtype: str = "float32") -> pa.Schema:
+    """Schema of an embeddings table with ``dim``-dimensional vectors stored as ``vector_dtype``."""
     return pa.schema([
         pa.field("image_id", pa.string(), nullable=False),
         pa.field("embedder_id", pa.string(), nullable=False),
         pa.field("batch", pa.string(), nullable=False),
         pa.field("sha256", pa.string(), nullable=False),
-        pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False,
+        pa.field("embedding", pa.list_(VECTOR_DTYPES[vector_dtype], dim), nullable=False,
                  metadata={"doc": "L2-normalized image vector"}),
         pa.field("model", pa.string(), nullable=False),
     ])

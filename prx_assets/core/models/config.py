@@ -15,6 +15,7 @@
     embedder:
       model: google/siglip2-so400m-patch14-384
       batch_size: 64
+      vector_dtype: float16                 # stored precision (default float32)
     text_encoder:                           # what the trainer conditions on (computed on the fly)
       name: qwen3vl2b                       # tower name in MDS latent column names
       model: Qwen/Qwen3-VL-2B-Instruct      # its language model's hidden states are used
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from prx_assets.core.config.project import config_dir, expand_env, read_yaml
+from prx_assets.core.lab.schema import VECTOR_DTYPES
 from prx_assets.core.models.captions import BACKENDS, CaptionerSpec, looks_local
 from prx_assets.core.models.embeddings import EmbedderSpec
 from prx_assets.core.models.served import SERVER_APIS
@@ -147,6 +149,9 @@ def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
         values = dict(raw_e)
         values["model"] = _resolve_model(raw_e.get("model"), cfg_path, "embedder")
         embedder = EmbedderSpec(**values)
+        if embedder.vector_dtype not in VECTOR_DTYPES:
+            raise ConfigError(f"unknown vector_dtype {embedder.vector_dtype!r}", path=spath, entry="embedder",
+                              fix=f"use one of: {', '.join(VECTOR_DTYPES)}")
     text_encoder = None
     raw_t = doc.get("text_encoder")
     if raw_t is not None:

@@ -1,7 +1,8 @@
 """Image embeddings from a Hugging Face vision model (SigLIP or CLIP ``get_image_features``).
 
-Vectors are L2-normalized float32, stored per image with the embedder id, for vector
-search and semantic dedup. The same ``from_pretrained`` code loads
+Vectors are L2-normalized, stored per image with the embedder id (float32, or float16 with
+``vector_dtype: float16``: half the bytes in the embeddings table and the lab, a cosine
+changed by about 1e-3), for vector search and semantic dedup. The same ``from_pretrained`` code loads
 ``google/siglip2-so400m-patch14-384`` on a user's machine and the tiny random
 checkpoint the tests build.
 """
@@ -35,10 +36,17 @@ class EmbedderSpec:
     name: str = "siglip"
     batch_size: int = 32
     dtype: str = "auto"
+    #: How vectors are stored: ``float32`` or ``float16`` (half the bytes; at 10^8 images of
+    #: 1,152 dimensions, 230 GB instead of 460 GB per copy).
+    vector_dtype: str = "float32"
 
     def embedder_id(self) -> str:
-        """``<name>-<8 hex>`` over the model (vectors change only when the model does)."""
-        digest = hashlib.sha256(json.dumps({"model": model_identity(self.model)}).encode()).hexdigest()[:8]
+        """``<name>-<8 hex>`` over the model and, when not float32, the stored precision (the
+        stored vectors change only when one of them does; float32 ids are those of before)."""
+        ident: dict[str, str] = {"model": model_identity(self.model)}
+        if self.vector_dtype != "float32":
+            ident["vector_dtype"] = self.vector_dtype
+        digest = hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:8]
         return f"{slug(self.name)}-{digest}"
 
 

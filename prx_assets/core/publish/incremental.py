@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prx_assets.core.config.storage import DataRoot, read_uri
-from prx_assets.core.curate.selection import content_digest
+from prx_assets.core.curate.digests import content_digest
 from prx_assets.core.manifests import ShardSetManifest
 
 SAMPLES_FILE = "samples.parquet"
