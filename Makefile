@@ -9,7 +9,7 @@ export PRX_DATA_ROOT ?= $(CURDIR)/data
 export PRX_CONFIG_DIR ?= $(CURDIR)/config
 PORT ?= 3000
 
-.PHONY: venv demo test test-fast lint bench dev validate clean slurm-up slurm-down
+.PHONY: venv demo test test-fast lint bench gpu-wheels gpu-smoke dev validate clean slurm-up slurm-down
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,17 @@ test-fast: venv lint
 
 bench: venv
 	$(PY) -m bench
+
+# The wheels bench/gpu.py brings to a GPU machine without mosaicml-streaming (cp312 manylinux, ~5.5 MB):
+# carry .gpu-wheels and run `python bench/gpu.py --wheels .gpu-wheels --out gpu.json` there.
+gpu-wheels: venv
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+	  -d .gpu-wheels $$($(PY) -c "import bench.gpu as g; print(' '.join(g.WHEELS))")
+
+# The GPU bench's code paths on the CPU with tiny shapes (under 3 minutes).
+gpu-smoke: venv
+	$(PY) bench/gpu.py --smoke
 
 dev: venv $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster dev -m prx_assets.definitions -h 127.0.0.1 -p $(PORT)

@@ -58,12 +58,12 @@ VECTOR_DTYPE = os.environ.get("PRX_BENCH_SCALE_VECTOR_DTYPE", "float16")
 BATCH = 250_000
 #: The IVF_PQ index is a one-time cost of the first sync (k-means over every vector: tens of minutes
 #: at 1M x 1,152 on 2 cores); off unless asked, so the figures compare the syncs, not the index build.
-FILES = int(os.environ.get("PRX_BENCH_SCALE_FILES", "200000"))
+FILES = int(os.environ.get("PRX_BENCH_SCALE_FILES", "1000000"))
 #: Cosine at or above which two images are near-duplicates in the bench recipe.
 EMBEDDING_THRESHOLD = 0.95
 #: Rows of the embedding recall check (the inverted file on them) and query rows checked against all.
 EMBEDDING_CHECK_ROWS = int(os.environ.get("PRX_BENCH_SCALE_EMBEDDING_ROWS", "1000000"))
-EMBEDDING_CHECK_QUERIES = 2_000
+EMBEDDING_CHECK_QUERIES = int(os.environ.get("PRX_BENCH_SCALE_EMBEDDING_QUERIES", "8000"))
 #: Batches registered for the no-op ``prx-assets run``.
 NOOP_BATCHES = int(os.environ.get("PRX_BENCH_SCALE_BATCHES", "20000"))
 #: Images of the end-to-end figure on the demo graph (0 skips it: a 4,000-image run takes ~30 min here).

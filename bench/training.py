@@ -70,7 +70,8 @@ def build_shards(out: Path, encoder_path: Path, p: dict[str, Any]) -> "MixtureSp
     from prx_assets.core.demo.corpus import make_scene
     from prx_assets.core.ingest.images import aspect_bucket
     from prx_assets.core.lab.schema import MDS_BASE_COLUMNS
-    from prx_assets.core.manifests import MixtureSpec, MixtureStream
+    from prx_assets.core.layout import SHARD_SET_MANIFEST
+    from prx_assets.core.manifests import MixtureSpec, MixtureStream, ShardSetManifest
     from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec, latent_column, mask_column
 
     rng = np.random.default_rng(0)
@@ -81,23 +82,36 @@ def build_shards(out: Path, encoder_path: Path, p: dict[str, Any]) -> "MixtureSp
     buckets = ("1:1", "4:3", "3:4")
     import io
 
+    distinct = int(p.get("distinct", p["samples"]))  # generated pictures, reused round-robin beyond that
+    pictures: dict[int, tuple[bytes, int, int]] = {}
     with MDSWriter(out=str(out), columns=cols, size_limit=64 << 20) as w:
         for start in range(0, p["samples"], 64):
             n = min(64, p["samples"] - start)
             caps = [" ".join(rng.choice(WORDS, size=int(rng.integers(15, 60)))) for _ in range(n)]
             lat, mask = enc.encode_numpy(caps)
             for i in range(n):
-                shape = buckets[int(rng.integers(0, 3))]
-                a, b = (int(x) for x in shape.split(":"))
-                width, height = p["image"] * a // max(a, b), p["image"] * b // max(a, b)
-                buf = io.BytesIO()
-                make_scene(rng, width, height).image.save(buf, "JPEG", quality=92)
-                w.write({"image": buf.getvalue(), "image_id": f"img{start + i:06d}", "source": "bench",
+                slot = (start + i) % distinct
+                if slot not in pictures:
+                    shape = buckets[int(rng.integers(0, 3))]
+                    a, b = (int(x) for x in shape.split(":"))
+                    width, height = p["image"] * a // max(a, b), p["image"] * b // max(a, b)
+                    buf = io.BytesIO()
+                    make_scene(rng, width, height).image.save(buf, "JPEG", quality=92)
+                    pictures[slot] = (buf.getvalue(), width, height)
+                jpeg, width, height = pictures[slot]
+                w.write({"image": jpeg, "image_id": f"img{start + i:06d}", "source": "bench",
                          "width": width, "height": height, "original_width": width, "original_height": height,
                          "aspect_bucket": aspect_bucket(width, height, buckets), "caption": caps[i],
                          latent_column("caption", "bench"): lat[i], mask_column("caption", "bench"): mask[i]})
+    plan = {"mode": "first_available", "weights": {"caption": 1.0}}
+    files = [f for f in out.iterdir() if f.is_file()]
+    # What the loader reads of a published set (a shard set is its manifest plus its MDS files).
+    (out / SHARD_SET_MANIFEST).write_bytes(ShardSetManifest(
+        shard_set_id="bench", recipe="bench", subset_id="bench", lance_uri="", lance_version=0, uri=str(out),
+        samples=p["samples"], shards=sum(f.suffix == ".mds" for f in files), bytes=sum(f.stat().st_size for f in files),
+        caption_plan=plan, columns=cols).to_json())
     stream = MixtureStream(recipe="bench", shard_set_id="bench", uri=str(out), samples=p["samples"], proportion=1.0,
-                           caption_plan={"mode": "first_available", "weights": {"caption": 1.0}})
+                           caption_plan=plan)
     return MixtureSpec(name="bench", epoch_size=p["samples"], streams=(stream,),
                        expected_samples_per_stream={"bench": p["samples"]}).versioned()
 
@@ -109,7 +123,7 @@ def run_mode(spec_path: Path, encoder: Path, p: dict[str, Any], precomputed: boo
     args = ["--spec", str(spec_path), "--steps", str(p["steps"]), "--batch-size", str(p["batch"]),
             "--resolution", str(p["resolution"]), "--patch", str(p["patch"]), "--dim", str(p["dim"]),
             "--depth", str(p["depth"]), "--heads", str(p["heads"]), "--workers", str(p["workers"]),
-            "--warmup-steps", "4", "--log-every", "100000", "--text-tower", "bench",
+            "--warmup-steps", str(p.get("warmup", 4)), "--log-every", "100000", "--text-tower", "bench",
             "--max-text-length", str(p["max_len"]), "--record-samples", str(out)]
     args += ["--precomputed-latents"] if precomputed else ["--text-encoder", str(encoder)]
     return train(parse_args(args))

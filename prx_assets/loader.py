@@ -29,7 +29,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.parquet as pq
 from streaming import Stream, StreamingDataset
 
 from prx_assets.core.config.storage import read_uri
@@ -92,6 +91,8 @@ def _skip_pairs(manifest: ShardSetManifest) -> list[tuple[int, int]]:
     if manifest.skip_sha256 and hashlib.sha256(data).hexdigest() != manifest.skip_sha256:
         raise ValueError(f"skip list {manifest.skip_uri} does not match the sha256 in shard set "
                          f"{manifest.shard_set_id}'s manifest; the set was modified after publication: republish it")
+    import pyarrow.parquet as pq  # only shard sets with a skip list need it (the trainer runs without it)
+
     t = pq.read_table(io.BytesIO(data), columns=["stream", "index"])
     return list(zip(t.column("stream").to_pylist(), t.column("index").to_pylist(), strict=True))
 

@@ -52,6 +52,15 @@ def test_batched_captions_equal_one_by_one_and_see_the_image(tiny_models: dict[s
     assert len({r.text for r in batched}) >= 3
 
 
+def test_producer_thread_gives_the_same_captions(tiny_models: dict[str, str]) -> None:
+    """The next batch prepared while one generates (on by default on a GPU): same words, same order."""
+    spec = CaptionerSpec(name="t", model=tiny_models["vl"], max_new_tokens=12, batch_size=2)
+    plain, overlapped = TransformersCaptioner(spec, overlap=False), TransformersCaptioner(spec, overlap=True)
+    assert not plain.overlap and overlapped.overlap and TransformersCaptioner(spec, device="cpu").overlap is False
+    images = mixed_images()
+    assert [r.text for r in overlapped.caption(images)] == [r.text for r in plain.caption(images)]
+
+
 def test_fixed_output_length(tiny_models: dict[str, str]) -> None:
     cap = TransformersCaptioner(CaptionerSpec(name="t", model=tiny_models["vl"], max_new_tokens=7,
                                               min_new_tokens=7, batch_size=2))
@@ -59,23 +68,27 @@ def test_fixed_output_length(tiny_models: dict[str, str]) -> None:
     assert [r.tokens for r in out] == [7, 7, 7] and all(r.hit_max_tokens for r in out)
 
 
-def test_out_of_memory_halves_the_batch(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    cap = TransformersCaptioner(CaptionerSpec(name="t", model=tiny_models["vl"], max_new_tokens=8, batch_size=4))
+@pytest.mark.parametrize("overlap", [False, True])
+def test_out_of_memory_halves_the_batch(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                        overlap: bool) -> None:
+    """With the producer thread too: inputs it prepared for the old batch size are not used."""
+    cap = TransformersCaptioner(CaptionerSpec(name="t", model=tiny_models["vl"], max_new_tokens=8, batch_size=4),
+                                overlap=overlap)
     images = mixed_images()
     expected = [cap.caption([im])[0].text for im in images]
     real = cap._generate
     sizes: list[int] = []
 
-    def flaky(chunk: list[Image.Image]) -> list:
+    def flaky(chunk: list[Image.Image], inputs: object = None) -> list:
         sizes.append(len(chunk))
         if len(chunk) > 1:
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(chunk)
+        return real(chunk, inputs)
 
     monkeypatch.setattr(cap, "_generate", flaky)
     assert [r.text for r in cap.caption(images)] == expected
     assert sizes[:3] == [4, 2, 1]
-    monkeypatch.setattr(cap, "_generate", lambda chunk: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(cap, "_generate", lambda chunk, inputs=None: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         cap.caption(images)
 

@@ -7,14 +7,17 @@ already stored for the same ``sha256`` under the same key are reused. Results ar
 committed every ``commit_every`` images, so an interrupted run resumes where it stopped: outputs of
 images that have none under the key yet are appended (the commit does not grow with the table),
 and only outputs replacing one for older content are merged on ``(key, image_id)``.
-Nothing is read or loaded (no model) when nothing is missing.
+Nothing is read or loaded (no model) when nothing is missing. While the model computes one
+chunk, a reader thread reads and decodes the next (at most one chunk ahead), so on a GPU the
+JPEG decoding and the Lance reads hide behind generation instead of adding to it.
 """
 
 from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +92,29 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
                                                                                   where_eq("batch", batch)))
     result.lease_wait_seconds = round(lease.waited, 3)
     return result
+
+
+def _read_chunk(images: Any, batch: str, ids: Sequence[str]) -> list[Image.Image]:
+    """The decoded RGB images of ``ids`` (one pushed-down read of their stored bytes)."""
+    t = images.to_table(columns=["image_id", "jpeg"],
+                        filter=where_all(where_eq("batch", batch), where_in("image_id", list(ids))))
+    jpeg_by_id = dict(zip(t.column("image_id").to_pylist(), t.column("jpeg").to_pylist(), strict=True))
+    return [Image.open(io.BytesIO(jpeg_by_id[i])).convert("RGB") for i in ids]
+
+
+def _decoded_chunks(images: Any, batch: str, parts: Sequence[Sequence[tuple[str, str]]]
+                    ) -> Iterator[tuple[Sequence[tuple[str, str]], list[Image.Image]]]:
+    """``(part, decoded images)`` in order, the next part read and decoded by a reader thread while
+    the caller works on the current one (at most one part ahead: memory holds two chunks)."""
+    if not parts:
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prx-enrich-read") as pool:
+        ahead: Future[list[Image.Image]] = pool.submit(_read_chunk, images, batch, [i for _, i in parts[0]])
+        for k, part in enumerate(parts):
+            pil = ahead.result()
+            if k + 1 < len(parts):
+                ahead = pool.submit(_read_chunk, images, batch, [i for _, i in parts[k + 1]])
+            yield part, pil
 
 
 def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schema, key_col: str,
@@ -177,12 +203,7 @@ def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Sche
     emit_ready()
     result.reused = len(emitted)
     compute: Compute | None = None
-    for part in chunks(to_compute, chunk):
-        ids = [image_id for _, image_id in part]
-        t = images.to_table(columns=["image_id", "jpeg"],
-                            filter=where_all(where_eq("batch", batch), where_in("image_id", ids)))
-        jpeg_by_id = dict(zip(t.column("image_id").to_pylist(), t.column("jpeg").to_pylist(), strict=True))
-        pil = [Image.open(io.BytesIO(jpeg_by_id[i])).convert("RGB") for i in ids]
+    for part, pil in _decoded_chunks(images, batch, list(chunks(to_compute, chunk))):
         if compute is None:
             t0 = time.perf_counter()
             compute = compute_factory()

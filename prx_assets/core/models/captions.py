@@ -8,9 +8,11 @@ settings (batch size, dtype, device, backend, server) are not part of the id.
 
 The transformers backend loads ``AutoProcessor`` + ``AutoModelForImageTextToText`` with
 ``from_pretrained`` — the same code loads ``Qwen/Qwen3-VL-8B-Instruct`` on a GPU machine
-and the tiny random checkpoints the tests build. Generation is batched with left
-padding through the checkpoint's chat template; on CUDA out-of-memory the batch is
-halved and retried. The vLLM backend (``pip install 'prx_assets[vllm]'``) is imported
+and the tiny random checkpoints the tests build — with SDPA attention (FlashAttention 2 when
+``flash_attn`` is installed). Generation is batched with left padding through the
+checkpoint's chat template; on a GPU the next batch's preprocessing (chat template, image
+patches, pinned host memory) runs in a producer thread while the current one generates, and
+on out-of-memory the batch is halved and retried. The vLLM backend (``pip install 'prx_assets[vllm]'``) is imported
 only when selected. ``backend: openai`` sends the same requests to any OpenAI-compatible
 server (:mod:`prx_assets.core.models.served`).
 """
@@ -215,12 +217,23 @@ def _is_oom(err: BaseException) -> bool:
     return isinstance(err, oom_types) or "out of memory" in str(err).lower()
 
 
-class TransformersCaptioner:
-    """Qwen3-VL (or any image-text-to-text checkpoint) through transformers ``generate``."""
+def attention_implementation() -> str:
+    """``flash_attention_2`` when the ``flash_attn`` package is importable, else ``sdpa``."""
+    import importlib.util
 
-    def __init__(self, spec: CaptionerSpec, device: str = "auto") -> None:
+    return "flash_attention_2" if importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+
+class TransformersCaptioner:
+    """Qwen3-VL (or any image-text-to-text checkpoint) through transformers ``generate``.
+
+    ``overlap`` (default: on a GPU) prepares the next batch in a producer thread while the
+    current one generates; the captions are the same either way."""
+
+    def __init__(self, spec: CaptionerSpec, device: str = "auto", overlap: bool | None = None) -> None:
         self.spec = spec
         self.device = resolve_device(device)
+        self.overlap = (not self.device.startswith("cpu")) if overlap is None else overlap
         self.model_path = check_model_path(spec.model, "captioner", "Qwen/Qwen3-VL-8B-Instruct")
         self._load()
 
@@ -259,8 +272,12 @@ class TransformersCaptioner:
         if processor.tokenizer.pad_token is None:
             processor.tokenizer.pad_token = processor.tokenizer.eos_token
         dtype = resolve_dtype(self.spec.dtype, self.device)
-        self.model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype).to(
-            self.device).eval()
+        attn = attention_implementation() if self.device.startswith("cuda") else "sdpa"
+        try:
+            model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype, attn_implementation=attn)
+        except (ValueError, ImportError):  # an architecture without that kernel: transformers' default
+            model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype)
+        self.model = model.to(self.device).eval()
         self.processor = processor
         # transformers 5 takes the processor's own arguments in processor_kwargs (and warns on every
         # batch when they come loose); 4.x has no such parameter.
@@ -272,12 +289,22 @@ class TransformersCaptioner:
                            [gen.eos_token_id] if gen.eos_token_id is not None else [])
         self.pad_id = processor.tokenizer.pad_token_id
 
-    def _generate(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
-        import torch
-
+    def _inputs(self, images: Sequence[Image.Image]) -> Any:
+        """The model inputs of one batch on the host (pinned when they go to a GPU)."""
         inputs = self.processor.apply_chat_template(
             [self.spec.messages(im) for im in images], tokenize=True, add_generation_prompt=True,
-            return_dict=True, return_tensors="pt", **self._padding).to(self.device)
+            return_dict=True, return_tensors="pt", **self._padding)
+        if self.device.startswith("cuda"):
+            for k, v in inputs.items():
+                if hasattr(v, "pin_memory"):
+                    inputs[k] = v.pin_memory()
+        return inputs
+
+    def _generate(self, images: Sequence[Image.Image], inputs: Any = None) -> list[CaptionResult]:
+        import torch
+
+        host = inputs if inputs is not None else self._inputs(images)
+        inputs = host.to(self.device, non_blocking=True)
         started = time.perf_counter()
         with torch.inference_mode():
             if self.spec.do_sample:
@@ -312,25 +339,36 @@ class TransformersCaptioner:
         return [r for r in results if r is not None]
 
     def _caption_in_order(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
+        from concurrent.futures import Future, ThreadPoolExecutor
+
         results: list[CaptionResult] = []
         batch = max(1, self.spec.batch_size)
         i = 0
-        while i < len(images):
-            chunk = images[i:i + batch]
-            try:
-                results.extend(self._generate(chunk))
-            except (RuntimeError, MemoryError) as e:
-                if not _is_oom(e) or batch == 1:
-                    raise
-                import torch
+        # The next batch's inputs, prepared by a producer thread: (start, size, future).
+        ahead: tuple[int, int, Future[Any]] | None = None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prx-caption-prep") as pool:
+            while i < len(images):
+                chunk = images[i:i + batch]
+                ready = ahead[2].result() if ahead is not None and ahead[:2] == (i, len(chunk)) else None
+                nxt = i + len(chunk)
+                ahead = None
+                if self.overlap and nxt < len(images):
+                    upcoming = images[nxt:nxt + batch]
+                    ahead = (nxt, len(upcoming), pool.submit(self._inputs, upcoming))
+                try:
+                    results.extend(self._generate(chunk, ready))
+                except (RuntimeError, MemoryError) as e:
+                    if not _is_oom(e) or batch == 1:
+                        raise
+                    import torch
 
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                batch = max(1, batch // 2)
-                log.warning("out of memory captioning %d images; retrying with batch size %d",
-                            len(chunk), batch)
-                continue
-            i += len(chunk)
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                    batch = max(1, batch // 2)
+                    log.warning("out of memory captioning %d images; retrying with batch size %d",
+                                len(chunk), batch)
+                    continue
+                i = nxt
         return results
 
 
