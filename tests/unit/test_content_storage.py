@@ -132,3 +132,43 @@ def test_an_image_too_large_for_webp_is_stored_as_png(monkeypatch: pytest.Monkey
     monkeypatch.setattr(images, "WEBP_MAX_PIXELS", 1000)  # libwebp's memory grows with the pixels
     st = store(_rgb(corpus["text_000.png"]), IngestSettings())
     assert (st.fmt, st.lossless_reason) == ("png", "psnr") and st.data.startswith(b"\x89PNG")
+
+
+def test_tile_estimate_is_the_whole_jpegs_error_on_its_tiles(corpus: dict[str, bytes]) -> None:
+    """Each tile, encoded with its margin, decodes to exactly its pixels in the whole image's JPEG,
+    so the estimate equals the whole JPEG's PSNR over the same tiles (no seam error); and with the
+    2 dB margin no image below the bound is accepted as JPEG."""
+    import math
+
+    from prx_assets.core.ingest.images import (
+        PSNR_FULL_MARGIN_DB,
+        PSNR_TILE,
+        encode_jpeg,
+        jpeg_psnr,
+        psnr_tiles,
+        tiles_psnr,
+    )
+
+    s = IngestSettings()
+    rng = np.random.default_rng(4)
+    checked = 0
+    for name, data in corpus.items():
+        rgb = _rgb(data)
+        if rgb.width < 2 * PSNR_TILE or rgb.height < 2 * PSNR_TILE:
+            continue
+        for im in (rgb, rgb.crop((3, 5, rgb.width - int(rng.integers(1, 15)), rgb.height - 7))):  # odd sizes
+            jpeg = encode_jpeg(im, s.jpeg_quality, s.jpeg_subsampling)
+            whole = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"), dtype=np.int64)
+            src = np.asarray(im, dtype=np.int64)
+            _, corners = psnr_tiles(*im.size)
+            err = sum(float(((src[y:y + PSNR_TILE, x:x + PSNR_TILE] - whole[y:y + PSNR_TILE, x:x + PSNR_TILE]) ** 2)
+                            .sum()) for x, y in corners)
+            mse = err / (len(corners) * PSNR_TILE * PSNR_TILE * 3)
+            expected = 99.0 if mse == 0 else min(99.0, 10 * math.log10(255 ** 2 / mse))
+            assert tiles_psnr(im, s.jpeg_quality, s.jpeg_subsampling)[0] == pytest.approx(expected, abs=1e-9), name
+            full = jpeg_psnr(im, jpeg)
+            est = jpeg_psnr(im, jpeg, bound=s.q92_min_psnr_db)
+            assert est == full or est >= s.q92_min_psnr_db + PSNR_FULL_MARGIN_DB
+            assert full >= s.q92_min_psnr_db or est < s.q92_min_psnr_db, name  # never accepted below the bound
+            checked += 1
+    assert checked >= 8

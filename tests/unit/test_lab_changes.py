@@ -199,3 +199,34 @@ def test_change_examples_hold() -> None:
     from prx_assets.core.lab import changes
 
     assert doctest.testmod(changes).failed == 0
+
+
+def test_changed_rows_scan_only_fragments_written_since(tmp_path: Path) -> None:
+    """Rows written after a version live in fragments new since then or whose data files changed;
+    the scan for them reads only those (here: 2 changed rows, 1 fragment of 4), and a cleaned-up
+    version falls back to scanning everything."""
+    from prx_assets.core.lab.changes import changed_rows, fragments_since
+
+    uri = str(tmp_path / "src.lance")
+    for k in range(3):  # three fragments of 100 rows
+        lance.write_dataset(pa.table({"image_id": [f"{k}-{i:03d}" for i in range(100)], "caption": ["old"] * 100}),
+                            uri, mode="append" if k else "create", enable_stable_row_ids=True)
+    src = lance.dataset(uri)
+    since = src.version
+    src.merge_insert("image_id").when_matched_update_all().execute(
+        pa.table({"image_id": ["0-005", "2-042"], "caption": ["new", "new"]}))
+    src = lance.dataset(uri)
+    fresh = fragments_since(src, since)
+    assert len(src.get_fragments()) == 4 and [f.count_rows() for f in fresh] == [2]
+    stats: list[int] = []
+    real_scanner = src.scanner
+
+    def counting(*a: object, **kw: object) -> object:
+        stats.append(len(kw.get("fragments") or src.get_fragments()))
+        return real_scanner(*a, **kw)
+
+    src.scanner = counting  # type: ignore[method-assign]
+    got = pa.concat_tables(changed_rows(src, "caption", None, since, src, None))
+    assert sorted(got.column("image_id").to_pylist()) == ["0-005", "2-042"] and stats == [1]
+    assert set(got.column("value").to_pylist()) == {"new"}
+    assert fragments_since(src, since + 50) is None  # not there: the caller scans every fragment

@@ -289,26 +289,35 @@ def psnr_db(a: Image.Image, b: Image.Image) -> float:
 #: 16-pixel MCU, so a tile's JPEG blocks are the image's), and the pixels measured per image.
 PSNR_TILE = 64
 PSNR_PIXELS = 16 * PSNR_TILE * PSNR_TILE
-#: An estimate this far above the bound is taken as it is; below, the whole image is measured. On
-#: the demo corpus plus synthetic content (112 images) estimates ran at most 1.5 dB above the whole
-#: image's PSNR and never accepted an image below the bound with this margin (1/4 needed the
-#: whole measurement).
+#: Pixels of the image kept around each tile when it is encoded (a multiple of 16): the chroma
+#: upsampling of a tile's border reads its neighbours, so with this margin a tile decodes to
+#: exactly the pixels it has in the whole image's JPEG (a test checks it bit for bit).
+PSNR_MARGIN = 16
+#: An estimate this far above the bound is taken as it is; below, the whole image is measured
+#: (the tiles' error is the image's error on those pixels exactly, so what is left is sampling:
+#: an image whose loss sits outside every tile).
 PSNR_FULL_MARGIN_DB = 2.0
 
 
-def psnr_tiles(width: int, height: int, budget: int = PSNR_PIXELS) -> tuple[int, list[tuple[int, int]]]:
+def psnr_tiles(width: int, height: int, budget: int = PSNR_PIXELS,
+               inset: int = PSNR_MARGIN) -> tuple[int, list[tuple[int, int]]]:
     """``(columns, top-left corners)`` of MCU-aligned ``PSNR_TILE`` tiles spread over the image in a
-    grid, about ``budget`` pixels in all.
+    grid, about ``budget`` pixels in all, at least ``inset`` pixels inside its borders.
 
     >>> psnr_tiles(1024, 768)[0], len(psnr_tiles(1024, 768)[1])
     (5, 15)
     """
     t = PSNR_TILE
     n = max(1, budget // (t * t))
-    cols = max(1, min(n, round(math.sqrt(n * width / height)), width // t))
-    rows = max(1, min(n // cols, height // t))
-    xs = [min(width - t, (round(i * (width - t) / max(1, cols - 1)) // 16) * 16) for i in range(cols)]
-    ys = [min(height - t, (round(j * (height - t) / max(1, rows - 1)) // 16) * 16) for j in range(rows)]
+    cols = max(1, min(n, round(math.sqrt(n * width / height)), (width - 2 * inset) // t))
+    rows = max(1, min(n // cols, (height - 2 * inset) // t))
+
+    def spread(count: int, size: int) -> list[int]:
+        lo, hi = inset, size - t - inset
+        return [min(hi // 16 * 16, -(-(lo + round(i * (hi - lo) / max(1, count - 1))) // 16) * 16)
+                for i in range(count)]
+
+    xs, ys = spread(cols, width), spread(rows, height)
     return cols, [(x, y) for y in ys for x in xs]
 
 
@@ -316,32 +325,49 @@ def jpeg_psnr(rgb: Image.Image, jpeg: bytes, quality: int = 92, subsampling: str
               bound: float | None = None) -> float:
     """First-generation PSNR (dB) of ``jpeg``, the image's JPEG at ``quality``.
 
-    With a ``bound``, an image larger than ``PSNR_PIXELS`` is first estimated on a mosaic of
-    MCU-aligned tiles spread over it, encoded at the same settings (JPEG codes each block on its
-    own, so the mosaic's error follows the image's there, a little higher at tile seams); an
-    estimate at least ``PSNR_FULL_MARGIN_DB`` above the bound is returned as it is, so only images
-    near or below it pay for decoding the whole JPEG."""
+    With a ``bound``, an image larger than ``PSNR_PIXELS`` is first estimated on MCU-aligned tiles
+    spread over it, each encoded with a ``PSNR_MARGIN`` of its neighbourhood at the same settings, so
+    each tile decodes to exactly its pixels in the whole image's JPEG: the estimate is the image's
+    error on those pixels, without a decode of the whole image. An estimate at least
+    ``PSNR_FULL_MARGIN_DB`` above the bound, with no single tile below the bound (loss that
+    gathers in places), is returned as it is, so only images near or below it pay for decoding the
+    whole JPEG."""
     w, h = rgb.size
-    if bound is not None and w * h > PSNR_PIXELS and w >= PSNR_TILE and h >= PSNR_TILE:
-        estimate = _mosaic_psnr(rgb, quality, subsampling)
-        if estimate >= bound + PSNR_FULL_MARGIN_DB:
+    room = PSNR_TILE + 2 * PSNR_MARGIN
+    if bound is not None and w * h > 2 * PSNR_PIXELS and w >= room and h >= room:
+        estimate, worst = tiles_psnr(rgb, quality, subsampling)
+        if estimate >= bound + PSNR_FULL_MARGIN_DB and worst >= bound:
             return estimate
     with Image.open(io.BytesIO(jpeg)) as im:
         im.load()
         return psnr_db(rgb, im if im.mode == "RGB" else im.convert("RGB"))
 
 
-def _mosaic_psnr(rgb: Image.Image, quality: int, subsampling: str) -> float:
+def tiles_psnr(rgb: Image.Image, quality: int, subsampling: str) -> tuple[float, float]:
+    """PSNR (dB) of the image's JPEG over the :func:`psnr_tiles` tiles together, and of its worst
+    tile, measured on one encode of a mosaic of the tiles with their margins (see :func:`jpeg_psnr`)."""
     w, h = rgb.size
     cols, corners = psnr_tiles(w, h)
     rows = -(-len(corners) // cols)
-    t = PSNR_TILE
-    mosaic = Image.new("RGB", (cols * t, rows * t), (255, 255, 255))
+    t, m = PSNR_TILE, PSNR_MARGIN
+    cell = t + 2 * m
+    mosaic = Image.new("RGB", (cols * cell, rows * cell))
     for i, (x, y) in enumerate(corners):
-        mosaic.paste(rgb.crop((x, y, x + t, y + t)), ((i % cols) * t, (i // cols) * t))
+        mosaic.paste(rgb.crop((x - m, y - m, x + t + m, y + t + m)), ((i % cols) * cell, (i // cols) * cell))
     with Image.open(io.BytesIO(encode_jpeg(mosaic, quality, subsampling))) as im:
         im.load()
-        return psnr_db(mosaic, im)
+        decoded = np.asarray(im if im.mode == "RGB" else im.convert("RGB"), dtype=np.int16)
+    original = np.asarray(mosaic, dtype=np.int16)
+    squared = []
+    for i in range(len(corners)):
+        top, left = (i // cols) * cell + m, (i % cols) * cell + m
+        d = (original[top:top + t, left:left + t] - decoded[top:top + t, left:left + t]).astype(np.int32)
+        squared.append(int(np.einsum("ijk,ijk->", d, d)))
+
+    def db(mse: float) -> float:
+        return EXACT_PSNR_DB if mse == 0 else min(EXACT_PSNR_DB, 10.0 * math.log10(255.0 ** 2 / mse))
+
+    return db(sum(squared) / (len(corners) * t * t * 3)), db(max(squared) / (t * t * 3))
 
 
 #: Lossless WebP up to this many pixels (libwebp holds about 6 bytes per pixel while it encodes, and

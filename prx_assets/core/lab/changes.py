@@ -25,6 +25,7 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import lance
 import numpy as np
@@ -180,21 +181,49 @@ def full_rows(source: lance.LanceDataset, value: str, where: str | None, images:
         yield values.rename_columns(["image_id", "value"]), current
 
 
+def fragments_since(ds: lance.LanceDataset, version: int) -> list[Any] | None:
+    """The fragments of ``ds`` that can hold rows written after ``version``: those new since then
+    (appends, merged or rewritten rows, compaction output) and those whose data files changed (a
+    column rewritten in place). Deletions alone add no written row. Reads two manifests, never a
+    row; ``None`` when ``version`` is no longer there (cleaned up): the caller scans every fragment.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> ds = lance.write_dataset(pa.table({"a": [1, 2]}), d + "/t.lance", enable_stable_row_ids=True)
+    >>> ds = lance.write_dataset(pa.table({"a": [3]}), d + "/t.lance", mode="append")
+    >>> [f.fragment_id for f in fragments_since(ds, 1)], fragments_since(ds, 99)
+    ([1], None)
+    """
+    try:
+        before = ds.checkout_version(int(version)).get_fragments()
+    except (OSError, ValueError):
+        return None
+    files = {f.fragment_id: sorted(df.path for df in f.data_files()) for f in before}
+    return [f for f in ds.get_fragments() if files.get(f.fragment_id) != sorted(df.path for df in f.data_files())]
+
+
+def _scan_since(ds: lance.LanceDataset, columns: list[str], flt: str, version: int, chunk: int) -> Iterator[pa.RecordBatch]:
+    """Batches of ``ds`` matching ``flt`` (a filter on row versions after ``version``), scanning only
+    the fragments that can hold such rows (:func:`fragments_since`): the scan costs what changed."""
+    fragments = fragments_since(ds, version)
+    if fragments is not None and not fragments:
+        return
+    yield from ds.scanner(columns=columns, filter=flt, batch_size=chunk, fragments=fragments).to_batches()
+
+
 def changed_rows(source: lance.LanceDataset, value: str, where: str | None, since: int,
                  images: lance.LanceDataset, images_since: int | None,
                  chunk: int = CHANGE_CHUNK) -> Iterator[pa.Table]:
     """``image_id``/``value`` tables (at most ``chunk`` rows each) of the source rows to re-join:
-    written since version ``since``, plus the source rows of images created since ``images_since``."""
+    written since version ``since``, plus the source rows of images created since ``images_since``.
+    Only fragments written since those versions are scanned (see :func:`fragments_since`)."""
     flt = where_all(where, f"_row_last_updated_at_version > {int(since)}")
-    scanner = source.scanner(columns=["image_id", value], filter=flt, batch_size=chunk)
-    for batch in scanner.to_batches():
+    for batch in _scan_since(source, ["image_id", value], flt, since, chunk):
         if batch.num_rows:
             yield pa.Table.from_batches([batch]).rename_columns(["image_id", "value"])
     if images_since is None:
         return
-    created = images.scanner(columns=["image_id"], filter=f"_row_created_at_version > {int(images_since)}",
-                             batch_size=chunk)
-    for batch in created.to_batches():
+    created = _scan_since(images, ["image_id"], f"_row_created_at_version > {int(images_since)}", images_since, chunk)
+    for batch in created:
         # rows written since ``since`` were yielded above; only older ones are needed here
         t = table_by_ids(source, batch.column(0).to_pylist(), [value], chunk=LOOKUP_CHUNK,
                          where=where_all(where, f"_row_last_updated_at_version <= {int(since)}"))
