@@ -9,6 +9,8 @@ RSS from ``getrusage``), side by side and alternating (ABAB) after a warm-up of 
 
 - **lab sync**: 1% of the captions and embeddings re-written, then ``sync_lab`` by change vs
   the same change synced by a full comparison (the cursor dropped): time share and peak memory;
+- **maintenance**: the ``lance_maintenance`` job's work on the lab after the sync rounds (fragments and
+  rows outside an index before and after, time, peak memory);
 - **curation**: one recipe with min side, captions, exact + pHash + embedding dedup; pHash
   dedup against the all-pairs greedy method on 20k rows; the embedding multi-index's recall
   against every pair, for 2,000 sampled rows of up to 1M;
@@ -585,6 +587,17 @@ def child_main(argv: list[str]) -> None:
                 if (np.bitwise_count(h[kept] ^ h[i]) <= 4).any():
                     keep[i] = False
         result.update(sample=len(h), match=bool((fast == keep).all()), dropped=int((~keep).sum()))
+    elif kind == "maintain":  # the lance_maintenance job's work on the lab after the sync rounds
+        from prx_assets.core.lab.maintenance import maintain_table, table_health
+
+        before = table_health(root, "images")
+        t = time.perf_counter()
+        rep = maintain_table(root, "images")
+        result["seconds"] = time.perf_counter() - t
+        after = table_health(root, "images")
+        result.update(rows=before.rows, fragments_before=before.fragments, fragments_after=after.fragments,
+                      unindexed_before=before.unindexed_rows, unindexed_after=after.unindexed_rows,
+                      report=rep.to_dict() if rep else None)
     elif kind == "writers":  # argv[2] writers commit a new 5,000-row partition each, at once
         result.update(concurrent_writers(root, int(argv[2])))
     elif kind == "e2e":
@@ -641,6 +654,7 @@ def run() -> dict[str, Any]:
                     peaks[mode].append(res["peak_gb"])
                     updated[mode] = res["rows_updated"]
         curation = _child(["curate", big])
+        maintenance = _child(["maintain", big])
         phash = _child(["phash_check", big, str(min(ROWS, 20_000))])
         emb = _child(["embedding_check", big, str(min(ROWS, EMBEDDING_CHECK_ROWS)), str(EMBEDDING_CHECK_QUERIES)])
         commit: dict[str, list[float]] = {"small": [], "big": []}
@@ -673,6 +687,7 @@ def run() -> dict[str, Any]:
             "lab_sync_rows_updated": updated.get("changes"),
             "curation_seconds": round(curation["seconds"], 2), "curation_peak_gb": round(curation["peak_gb"], 2),
             "curation_selected": curation["selected"], "curation_dropped": curation["dropped"],
+            "maintenance": {k: round(v, 2) if isinstance(v, float) else v for k, v in maintenance.items()},
             "phash_pairs_match": phash["match"], "phash_check_sample": phash["sample"],
             "embedding_recall": None if emb["recall"] is None else round(emb["recall"], 4),
             "embedding_check": {k: round(v, 3) if isinstance(v, float) else v for k, v in emb.items()},
@@ -708,6 +723,10 @@ def format_table(r: dict[str, Any]) -> str:
         f"{r['lab_sync_join_full_seconds']} s); index upkeep and stats {r['lab_sync_upkeep_seconds']} s",
         f"  curation (min side, captions, exact + pHash + embedding dedup): {r['curation_seconds']} s, peak "
         f"{r['curation_peak_gb']} GB, {r['curation_selected']:,} selected, dropped {r['curation_dropped']}",
+        *([f"  maintenance of the lab after the rounds (compaction, index optimisation, cleanup): "
+           f"{r['maintenance']['seconds']} s, fragments {r['maintenance']['fragments_before']} -> "
+           f"{r['maintenance']['fragments_after']}, rows outside an index {r['maintenance']['unindexed_before']:,} -> "
+           f"{r['maintenance']['unindexed_after']:,}, peak {r['maintenance']['peak_gb']:.2f} GB"] if r.get("maintenance") else []),
         f"  pHash dedup = all-pairs greedy on {r['phash_check_sample']:,} rows: {r['phash_pairs_match']}",
         f"  embedding dedup (multi-index) on {r['embedding_check']['sample']:,} rows: recall "
         f"{r['embedding_recall']} of {r['embedding_check']['true_pairs']} pairs (cosine >= {EMBEDDING_THRESHOLD}) "
@@ -735,7 +754,7 @@ def format_table(r: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] in {"build", "change", "sync", "commit", "curate", "phash_check",
+    if len(sys.argv) > 1 and sys.argv[1] in {"build", "change", "sync", "commit", "curate", "maintain", "phash_check",
                                              "embedding_check", "discovery", "writers", "noop", "e2e"}:
         child_main(sys.argv[1:])
     else:

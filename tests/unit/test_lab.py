@@ -17,7 +17,7 @@ from prx_assets.core.ingest.sources import reader_for
 from prx_assets.core.lab.maintenance import maintain
 from prx_assets.core.lab.query import QueryError, open_lab, query
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
-from prx_assets.core.lab.sync import PUBLISHED_TAG, caption_column, embedding_column, sync_lab
+from prx_assets.core.lab.sync import PUBLISHED_TAG, caption_column, embedding_column, index_coverage, sync_lab
 from prx_assets.core.lab.table import open_or_create, table_uri
 from tests.helpers import write_folder_corpus
 
@@ -216,6 +216,30 @@ def test_maintenance_is_requested_when_a_table_passes_its_bounds(lab, monkeypatc
     maintain(root)
     assert maintenance.table_health(root, "images").fragments == 1
     assert evaluate().skip_reason is not None
+
+
+def test_a_sync_folds_new_rows_as_a_delta_segment_and_maintenance_merges_them(lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Folding new rows into an index must cost what changed: a sync adds a delta segment over
+    the unindexed rows (the existing segment is not rewritten), the health check counts segments,
+    and maintenance merges them back into one."""
+    import prx_assets.core.lab.maintenance as maintenance
+    import prx_assets.core.lab.sync as sync_module
+
+    root, rows = lab
+    sync_lab(root, captioner_ids=[])
+    monkeypatch.setattr(sync_module, "FOLD_ABOVE_ROWS", 0)  # fold whatever is unindexed
+    for k in range(3):
+        add_captions(root, rows[k:k + 1], "a-1", f"caption {k}")
+        sync_lab(root, captioner_ids=["a-1"])
+    ds = lance.dataset(table_uri(root, "images"))
+    segments = {ix.name: len(ix.segments) for ix in ds.describe_indices()}
+    assert segments[f"{caption_column('a-1')}_idx"] >= 2 and all(c["unindexed_rows"] == 0 for c in index_coverage(ds))
+    health = maintenance.table_health(root, "images")
+    assert health.segments == max(segments.values())
+    monkeypatch.setattr(maintenance, "MAX_SEGMENTS", 1)
+    assert "segments > 1" in (health.needs_maintenance() or "")
+    maintain(root)
+    assert maintenance.table_health(root, "images").segments == 1
 
 
 def test_tagging_at_once_from_many_handles_never_conflicts(tmp_path) -> None:

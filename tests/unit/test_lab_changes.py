@@ -113,24 +113,52 @@ def test_vector_comparison_is_vectorized_and_null_aware() -> None:
     assert differs(pa.array(["a", None, None]), pa.array(["a", None, "b"])).to_pylist() == [False, False, True]
 
 
-def test_a_full_comparison_walks_id_ranges_covering_every_row_once(lab) -> None:
-    from prx_assets.core.lab.changes import full_rows
+def test_a_full_comparison_finds_exactly_the_rows_that_differ(lab) -> None:
+    """Two scans into key/value digests, then the differing rows read by id: the same rows as
+    comparing every value (changed captions and vectors, none of the unchanged), with addresses."""
+    from prx_assets.core.lab.changes import full_differences
 
     root, rows = lab
-    cap = caption_column("c-1")
-    sync_lab(root, captioner_ids=["c-1"])
+    cap, emb = caption_column("c-1"), embedding_column("e-1")
+    sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    add_captions(root, rows[2:5], "c-1", "changed")
+    vecs = np.eye(len(rows), DIM, dtype=np.float32)
+    vecs[7] = vecs[8]
+    add_embeddings(root, rows, "e-1", vecs)  # every row re-written, one value changed
+    images = _images(root)
     captions = lance.dataset(table_uri(root, "captions"))
-    parts = list(full_rows(captions, "caption", "captioner_id = 'c-1'", _images(root), cap, chunk=1))
-    assert len(parts) > 1
-    seen = [i for values, _ in parts for i in values.column("image_id").to_pylist()]
-    assert sorted(seen) == sorted(r["image_id"] for r in rows)
-    assert all(set(values.column("image_id").to_pylist()) == set(current.column("image_id").to_pylist())
-               for values, current in parts)  # the lab's rows of the same range, no more
+    got = pa.concat_tables(full_differences(captions, "caption", "captioner_id = 'c-1'", images, cap, pa.string()))
+    assert sorted(got.column("image_id").to_pylist()) == sorted(r["image_id"] for r in rows[2:5])
+    assert all(v.startswith("changed") for v in got.column(cap).to_pylist())
+    addr = dict(zip(*images.to_table(columns=["image_id"], with_row_address=True).to_pydict().values(), strict=True))
+    assert all(addr[i] == a for i, a in zip(*got.select(["image_id", "_rowaddr"]).to_pydict().values(), strict=True))
+    embeddings = lance.dataset(table_uri(root, "embeddings_e-1"))
+    field = images.schema.field(emb).type
+    got = pa.concat_tables(full_differences(embeddings, "embedding", None, images, emb, field))
+    assert got.column("image_id").to_pylist() == [rows[7]["image_id"]]
 
 
-def test_a_few_changed_rows_keep_the_column_index_valid_for_the_rest(lab, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rewriting a column in place would leave its index covering no fragment; a small change
-    rewrites the changed rows whole instead, so only they wait for the next index fold."""
+def test_a_full_comparison_handles_ids_of_any_form(tmp_path: Path) -> None:
+    """Ids that are not 16 hex digits are keyed by a hash and found by a scan of the source's ids."""
+    from prx_assets.core.lab.changes import full_differences, key64
+
+    ids = [f"img-{i}" for i in range(50)] + [f"{i:016x}" for i in range(50)]
+    lab = lance.write_dataset(pa.table({"image_id": ids, "c": ["old"] * 100}), str(tmp_path / "lab.lance"))
+    src = lance.write_dataset(pa.table({"image_id": ids, "v": ["old"] * 90 + ["new"] * 10}), str(tmp_path / "s.lance"))
+    assert len(set(key64(pa.array(ids)).tolist())) == 100
+    got = pa.concat_tables(full_differences(src, "v", None, lab, "c", pa.string(), chunk=3))
+    assert sorted(got.column("image_id").to_pylist()) == sorted(ids[90:]) and set(got.column("c").to_pylist()) == {"new"}
+
+
+@pytest.mark.parametrize("whole_rows", [False, True])
+def test_a_few_changed_rows_go_the_cheaper_way_and_keep_indexes_for_the_rest(lab, monkeypatch: pytest.MonkeyPatch,
+                                                                             whole_rows: bool) -> None:
+    """One changed caption in a small fragment of real images: rewriting the caption column of that
+    fragment in place writes far fewer bytes than the row (its JPEG included), so the JPEG's data
+    files stay and only the caption index stops covering that fragment. Forced the other way (what
+    a row among many small rows gets), the row moves to a new fragment and every index stays valid
+    for all other rows."""
+    from prx_assets.core.lab import changes
     from prx_assets.core.lab.sync import index_coverage
 
     root, rows = lab
@@ -139,6 +167,10 @@ def test_a_few_changed_rows_keep_the_column_index_valid_for_the_rest(lab, monkey
     before = {c["name"]: c for c in index_coverage(_images(root))}
     assert before[f"{cap}_idx"]["unindexed_rows"] == 0
     fragments = len(_images(root).get_fragments())
+    jpeg_files = jpeg_data_files(_images(root))
+    if whole_rows:
+        monkeypatch.setattr(changes, "route_by_fragment",
+                            lambda images, changed: {f.fragment_id for f in images.get_fragments()})
     add_captions(root, rows[6:7], "c-1", "one new caption")
     merged: list[dict] = []
     import prx_assets.core.lab.sync as sync_module
@@ -152,18 +184,83 @@ def test_a_few_changed_rows_keep_the_column_index_valid_for_the_rest(lab, monkey
     monkeypatch.setattr(sync_module, "ensure_indexes", spy)
     res = sync_lab(root, captioner_ids=["c-1"])
     assert res.rows_updated[cap] == 1 and res.indexes_created == []
-    assert len(_images(root).get_fragments()) == fragments + 1  # the row moved to a new fragment
-    seen = {c["name"]: c for c in merged}  # coverage after the merge, before any fold
-    assert seen[f"{cap}_idx"]["indexed_rows"] == 11 and seen[f"{cap}_idx"]["unindexed_rows"] == 1
-    assert seen["image_id_idx"]["indexed_rows"] == 11
+    seen = {c["name"]: c for c in merged}  # coverage after the write, before any fold
+    if whole_rows:
+        assert len(_images(root).get_fragments()) == fragments + 1  # the row moved to a new fragment
+        assert seen[f"{cap}_idx"]["indexed_rows"] == 11 and seen[f"{cap}_idx"]["unindexed_rows"] == 1
+        assert seen["image_id_idx"]["indexed_rows"] == 11
+    else:
+        assert len(_images(root).get_fragments()) == fragments
+        assert jpeg_data_files(_images(root)) == jpeg_files  # no image byte written again
+        per_fragment = 12 // fragments
+        assert seen[f"{cap}_idx"]["unindexed_rows"] == per_fragment  # that fragment only
+        assert seen["image_id_idx"]["indexed_rows"] == 12
     assert _column(root, cap)[rows[6]["image_id"]].startswith("one new caption")
     assert _images(root).count_rows() == 12
     hits = _images(root).to_table(columns=["image_id"], full_text_query="one new caption")
     assert rows[6]["image_id"] in hits.column(0).to_pylist()  # unindexed rows are still searched
 
 
+def jpeg_data_files(ds: lance.LanceDataset) -> set[str]:
+    """Paths of the data files holding the ``jpeg`` column."""
+    field = next(f.id() for f in ds.lance_schema.fields() if f.name() == "jpeg")
+    return {df.path for f in ds.get_fragments() for df in f.data_files() if field in list(df.fields)}
+
+
+def test_whole_rows_where_few_rows_of_a_large_fragment_change(tmp_path: Path) -> None:
+    """The byte rule: 3 changed rows of a 5,000-row fragment (2 KB images) are cheaper rewritten
+    whole than the caption column of all 5,000; all 5,000 rows changed are cheaper as the column."""
+    from prx_assets.core.lab.changes import route_by_fragment
+
+    n = 5000
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, 2048, dtype=np.uint8).tobytes() for _ in range(n)]  # incompressible
+    ds = lance.write_dataset(pa.table({"image_id": [f"{i:05d}" for i in range(n)], "c": ["x" * 40] * n,
+                                       "jpeg": images}), str(tmp_path / "t.lance"))
+    few = pa.table({"image_id": ["00001", "00002", "00003"], "c": ["y" * 40] * 3,
+                    "_rowaddr": pa.array([1, 2, 3], pa.uint64())})
+    assert route_by_fragment(ds, {"c": few}) == {0}
+    every = pa.table({"image_id": [f"{i:05d}" for i in range(n)], "c": ["y" * 40] * n,
+                      "_rowaddr": pa.array(np.arange(n), pa.uint64())})
+    assert route_by_fragment(ds, {"c": every}) == set()
+
+
+def test_an_image_whose_caption_and_vector_changed_is_rewritten_once(lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync by change compares every column's changes in one lookup and rewrites each changed row
+    whole once, with all its changed columns set (one merge, not one per column)."""
+    from prx_assets.core.lab import changes
+
+    root, rows = lab
+    cap, emb = caption_column("c-1"), embedding_column("e-1")
+    sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    monkeypatch.setattr(changes, "route_by_fragment",  # every change as whole rows (what tiny rows get)
+                        lambda images, changed: {f.fragment_id for f in images.get_fragments()})
+    monkeypatch.setattr(changes, "ROWS_MODE_SHARE", 1.0)  # 2 of 12 rows is a large share of this small lab
+    merges: list[int] = []
+    real = lance.LanceDataset.merge_insert
+
+    def counting(self: lance.LanceDataset, *a: object, **kw: object) -> object:
+        merges.append(1)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(lance.LanceDataset, "merge_insert", counting)
+    add_captions(root, rows[3:5], "c-1", "both changed")
+    vecs = np.eye(len(rows), DIM, dtype=np.float32)
+    vecs[3:5] = vecs[0]
+    add_embeddings(root, rows[3:5], "e-1", vecs[3:5])
+    merges.clear()
+    res = sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    assert res.modes == {cap: "changes", emb: "changes"} and res.rows_updated == {cap: 2, emb: 2}
+    assert len(merges) == 1
+    got = _images(root).to_table(columns=["image_id", cap, emb], filter=f"image_id IN ('{rows[3]['image_id']}', "
+                                 f"'{rows[4]['image_id']}')")
+    assert all(c.startswith("both changed") for c in got.column(cap).to_pylist())
+    assert all(np.allclose(v, vecs[0]) for v in got.column(emb).to_pylist())
+    assert _images(root).count_rows() == 12
+
+
 def test_a_full_comparison_writes_its_differences_together(lab, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Differences found over many id ranges are written in one go (a merge costs a pass over the
+    """Differences arriving in many parts are written in one go (a merge costs a pass over the
     table), or in several once they pass the byte budget; the result is the same."""
     import prx_assets.core.lab.sync as sync_module
     from prx_assets.core import layout
@@ -173,7 +270,8 @@ def test_a_full_comparison_writes_its_differences_together(lab, monkeypatch: pyt
     cap = caption_column("c-1")
     sync_lab(root, captioner_ids=["c-1"])
     add_captions(root, rows, "c-1", "a new caption")
-    monkeypatch.setattr(sync_module, "rows_per_range", lambda field_type: 1)  # many small ranges
+    monkeypatch.setattr(sync_module, "full_differences",  # the differences arrive in many small parts
+                        lambda *a, **kw: changes.full_differences(*a, **kw, chunk=1))
     writes: list[int] = []
     real = changes.write_changed
     monkeypatch.setattr(sync_module, "write_changed",

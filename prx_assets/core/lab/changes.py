@@ -10,12 +10,18 @@ A lab column remembers the version of its source table it was last synced from (
   again gets its existing caption back),
 
 compares them with the lab's current values in chunks of ``chunk`` rows, and rewrites the
-rows that differ (whole rows, moved to new fragments, while they are a small share of the
-table, so every index stays valid for the rest). Memory is bounded by the chunk, not the
+values that differ, per fragment by whichever writes fewer bytes (:func:`route_by_fragment`):
+the changed rows whole (moved to new fragments; every index stays valid for the rest), or the
+column for the whole fragment in place (``rewrite_columns``: no other column, the JPEG bytes
+least of all, is written again; only that column's index stops covering the fragment until the
+next fold). A new batch's rows fill their own fragments, so they take the column path; a few
+rows scattered over large fragments take the row path. Memory is bounded by the chunk, not the
 table. A new column is filled in one pass in the table's row order (one commit). A column
 without a cursor, a table without row versions (created before they were tracked) or a
-cursor ahead of the table (restored from a backup) falls back to the full join, which
-compares one id range (about ``FULL_CHUNK_ROWS`` rows) at a time.
+cursor ahead of the table (restored from a backup) falls back to the full comparison
+(:func:`full_differences`): one sequential scan of each side into 64-bit keys and value digests,
+a join of those, and a read of the differing rows only, so it grows with the table, not with the
+table times a pass per id range (ids are hashes: every range touches every page of a column).
 """
 
 from __future__ import annotations
@@ -41,10 +47,8 @@ from prx_assets.core.lab.table import dataset_size
 CHANGE_CHUNK = 65_536
 #: Ids per lookup of new images' rows in a source table (one scan each, pushed down).
 LOOKUP_CHUNK = 4096
-#: About this many rows are compared at a time by a full sync (ids split into ranges)...
+#: Rows per id range of :func:`id_ranges` (key-only scans, e.g. the doctor's duplicate search).
 FULL_CHUNK_ROWS = 1_000_000
-#: ...or fewer, so that one range's values stay under this many bytes per side.
-FULL_CHUNK_BYTES = 256 * 1024 * 1024
 #: Bytes of new values per ``merge_insert`` (one commit each). Lance joins a merge inside a 300 MB
 #: memory pool, and vectors take about four times their Arrow size there.
 MERGE_BYTES = 16 * 1024 * 1024
@@ -156,29 +160,148 @@ def id_ranges(rows: int, chunk: int = FULL_CHUNK_ROWS) -> list[str | None]:
             + [f"image_id >= {literal(bounds[-1])}"])
 
 
-def rows_per_range(field_type: pa.DataType) -> int:
-    """Rows a full comparison reads per id range for a column of this type (bounded in bytes).
+#: Rows read at a time by a full comparison (one batch of both sides' ids and values).
+FULL_SCAN_ROWS = 65_536
+_HEX = np.full(256, 255, dtype=np.uint8)
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint8)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+#: Odd 64-bit multipliers of the row digest (fixed: a digest only meets digests of the same run).
+_MULT = (np.random.default_rng(20261201).integers(0, 2**63, 4096, dtype=np.uint64) << np.uint64(1)) | np.uint64(1)
 
-    >>> rows_per_range(pa.list_(pa.float32(), 1152))
-    58254
+
+def key64(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """64-bit keys of image ids: exact for the 16-hex-digit ids this project writes (as unsigned
+    integers), else an 8-byte blake2b of the id.
+
+    >>> key64(pa.array(["00000000000000ff", "ffffffffffffffff"])).tolist()
+    [255, 18446744073709551615]
     """
-    if pa.types.is_fixed_size_list(field_type):
-        per_row = field_type.list_size * max(1, field_type.value_type.bit_width // 8)
+    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    arr = arr.cast(pa.large_string()) if arr.null_count == 0 else arr
+    n = len(arr)
+    if n and arr.null_count == 0:
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1]
+        data = np.frombuffer(arr.buffers()[2], dtype=np.uint8)
+        if np.all(np.diff(offsets) == 16):
+            digits = _HEX[data[offsets[0]:offsets[-1]]].reshape(n, 16)
+            if not (digits == 255).any():
+                out = np.zeros(n, dtype=np.uint64)
+                for k in range(16):
+                    out = (out << np.uint64(4)) | digits[:, k].astype(np.uint64)
+                return out
+    import hashlib
+
+    return np.array([int.from_bytes(hashlib.blake2b((v or "").encode(), digest_size=8).digest(), "big")
+                     for v in arr.to_pylist()], dtype=np.uint64)
+
+
+def digest64(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A 64-bit digest of each value's stored bytes (0 for a null, never 0 otherwise): fixed-size
+    vectors word by word, strings and binaries byte by byte, with fixed odd multipliers (two values
+    that differ in one word or byte always differ here; others collide with odds of about 2**-63).
+    Equal digests stand for equal values the way :func:`differs` compares them (stored bits)."""
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    n = len(arr)
+    out = np.zeros(n, dtype=np.uint64)
+    if not n:
+        return out
+    valid = ~np.asarray(arr.is_null(), dtype=bool)
+    if pa.types.is_fixed_size_list(arr.type):
+        bits = _value_bits(arr)
+        row_bytes = bits.shape[1] * bits.dtype.itemsize
+        raw = np.ascontiguousarray(bits).view(np.uint8).reshape(n, row_bytes)
+        if row_bytes % 8:
+            raw = np.concatenate([raw, np.zeros((n, 8 - row_bytes % 8), np.uint8)], axis=1)
+        words = raw.view(np.uint64)
+        mult = np.resize(_MULT, words.shape[1])
+        with np.errstate(over="ignore"):
+            h = (words * mult[None, :]).sum(axis=1, dtype=np.uint64)
     else:
-        per_row = 256  # captions: a generous average
-    return max(1024, min(FULL_CHUNK_ROWS, FULL_CHUNK_BYTES // per_row))
+        arr = arr.cast(pa.large_binary()) if not pa.types.is_large_binary(arr.type) else arr
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1]
+        data = np.frombuffer(arr.buffers()[2], dtype=np.uint8) if arr.buffers()[2] is not None else np.zeros(0, np.uint8)
+        lengths = np.diff(offsets)
+        body = data[offsets[0]:offsets[-1]].astype(np.uint64)
+        pos = np.arange(len(body)) - np.repeat(offsets[:-1] - offsets[0], lengths)
+        with np.errstate(over="ignore"):
+            weighted = body * _MULT[pos % len(_MULT)]
+            starts = (offsets[:-1] - offsets[0])[lengths > 0]
+            h = np.zeros(n, dtype=np.uint64)
+            if len(starts):
+                h[lengths > 0] = np.add.reduceat(weighted, starts)
+            h = h + lengths.astype(np.uint64) * _MULT[-1]
+    with np.errstate(over="ignore"):
+        h ^= h >> np.uint64(31)
+        h *= np.uint64(0x9E3779B97F4A7C15)
+    out[valid] = h[valid] | np.uint64(1)
+    return out
 
 
-def full_rows(source: lance.LanceDataset, value: str, where: str | None, images: lance.LanceDataset,
-              column: str, chunk: int = FULL_CHUNK_ROWS) -> Iterator[tuple[pa.Table, pa.Table]]:
-    """Per id range (about ``chunk`` rows): the source's ``image_id``/``value`` and the lab's
-    ``image_id``/``column``."""
-    for rng in id_ranges(max(source.count_rows(), images.count_rows()), chunk):
-        values = source.to_table(columns=["image_id", value], filter=where_all(where, rng))
-        if values.num_rows == 0:
+def _compact(ds: lance.LanceDataset, columns: list[str], where: str | None, cast: pa.DataType | None,
+             with_address: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """One streaming pass over ``ds``: per row its :func:`key64`, the :func:`digest64` of its value
+    (``columns[1]``, cast to ``cast``) and (``with_address``) its row address, sorted by key; 16-24
+    bytes a row, whatever the values weigh."""
+    keys, digs, addrs = [], [], []
+    scan = ds.scanner(columns=columns, filter=where, batch_size=FULL_SCAN_ROWS, with_row_address=with_address)
+    for batch in scan.to_batches():
+        if not batch.num_rows:
             continue
-        current = images.to_table(columns=["image_id", column], filter=rng)
-        yield values.rename_columns(["image_id", "value"]), current
+        keys.append(key64(batch.column(0)))
+        value = batch.column(1)
+        digs.append(digest64(value.cast(cast) if cast is not None and value.type != cast else value))
+        if with_address:
+            addrs.append(batch.column("_rowaddr").to_numpy())
+    if not keys:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64), (np.zeros(0, np.uint64) if with_address else None)
+    k, d = np.concatenate(keys), np.concatenate(digs)
+    order = np.argsort(k, kind="stable")
+    return k[order], d[order], (np.concatenate(addrs)[order] if with_address else None)
+
+
+def full_differences(source: lance.LanceDataset, value: str, where: str | None, images: lance.LanceDataset,
+                     column: str, field_type: pa.DataType, chunk: int = CHANGE_CHUNK) -> Iterator[pa.Table]:
+    """A full comparison that costs two sequential scans, not a pass per range: each side is read
+    once into sorted 64-bit keys and value digests (:func:`_compact`), the keys are joined, and only
+    the rows whose digests differ are read again, by id, from the source. Yields ``image_id`` /
+    ``column`` / ``_rowaddr`` tables of the lab rows to rewrite (at most ``chunk`` rows each), as
+    :func:`changed_values` would find them (the lab's rows with a source value that differs)."""
+    lab_keys, lab_digs, lab_addr = _compact(images, ["image_id", column], None, None, True)
+    src_keys, src_digs, _ = _compact(source, ["image_id", value], where, field_type, False)
+    if not len(lab_keys) or not len(src_keys):
+        return
+    at = np.minimum(np.searchsorted(lab_keys, src_keys), len(lab_keys) - 1)
+    hit = lab_keys[at] == src_keys
+    differ = hit & (lab_digs[at] != src_digs)
+    if not differ.any():
+        return
+    wanted_keys, wanted_addr = src_keys[differ], lab_addr[at[differ]]
+    if not source.count_rows() or not any(list(ix.field_names) == ["image_id"] for ix in source.describe_indices()):
+        source.create_scalar_index("image_id", "BTREE")
+    for a in range(0, len(wanted_keys), chunk):
+        ks, addr = wanted_keys[a:a + chunk], wanted_addr[a:a + chunk]
+        # The project's ids are 16 hex digits, so a key written back in hex is the id; any key not
+        # found that way (ids of another form) is looked for in a scan of the source's ids.
+        got = table_by_ids(source, [f"{int(k):016x}" for k in ks], [value], where=where)
+        found = np.isin(ks, key64(got.column("image_id"))) if got.num_rows else np.zeros(len(ks), bool)
+        if not found.all():
+            extra = table_by_ids(source, _ids_with_keys(source, where, ks[~found]), [value], where=where)
+            got = pa.concat_tables([got, extra]) if got.num_rows else extra
+        if not got.num_rows:
+            continue
+        order = np.searchsorted(ks, key64(got.column("image_id")))
+        yield pa.table({"image_id": got.column("image_id"), column: got.column(value).cast(field_type),
+                        "_rowaddr": pa.array(addr[order], pa.uint64())})
+
+
+def _ids_with_keys(source: lance.LanceDataset, where: str | None, keys: np.ndarray) -> list[str]:
+    """The source's image ids whose :func:`key64` is among the sorted ``keys`` (one scan of the ids)."""
+    found: list[str] = []
+    for batch in source.scanner(columns=["image_id"], filter=where, batch_size=FULL_SCAN_ROWS).to_batches():
+        k = key64(batch.column(0))
+        at = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
+        found += batch.column(0).filter(pa.array(keys[at] == k)).to_pylist()
+    return found
 
 
 def fragments_since(ds: lance.LanceDataset, version: int) -> list[Any] | None:
@@ -231,63 +354,121 @@ def changed_rows(source: lance.LanceDataset, value: str, where: str | None, sinc
             yield t.rename_columns(["image_id", "value"])
 
 
-def compare_and_merge(images: lance.LanceDataset, column: str, field_type: pa.DataType,
-                      values: pa.Table) -> int:
-    """Rewrite ``images[column]`` for the ids of ``values`` whose value differs; return how many.
-
-    The lab's rows are read for these ids only (looked up by key, taken by row id). While the
-    rows are few enough to be rewritten whole (``ROWS_MODE_SHARE``), each slice of them is read
-    whole once, compared on ``column`` and its differing rows merged back: one read per row."""
-    if values.num_rows == 0:
-        return 0
-    if values.num_rows <= ROWS_MODE_SHARE * images.count_rows():
-        written = 0
-        names = images.schema.names
-        for part in _row_slices(images, values):
-            full = table_by_ids(images, part.column("image_id").to_pylist(), names).select(names)
-            changed = changed_values(column, field_type, part, full.select(["image_id", column]))
-            written += _merge_rows(images, column, changed, full)
-        return written
-    ids = values.column("image_id").to_pylist()
-    current = table_by_ids(images, ids, [column])
-    return merge_changed(images, column, field_type, values, current)
+def compare_and_write(images: lance.LanceDataset, values: dict[str, tuple[pa.DataType, pa.Table]]) -> dict[str, int]:
+    """For several columns at once (``{column: (type, image_id/value table)}``): read the lab's
+    current values of every id involved once (looked up by key, taken by row id, with row ids and
+    addresses), keep the values that differ and write them together (:func:`write_changes`), so an
+    image whose caption and vector both changed is read and rewritten once. Returns rows updated
+    per column."""
+    ids = pc.unique(pa.concat_arrays([t.column("image_id").combine_chunks() for _, t in values.values()]))
+    if not len(ids):
+        return dict.fromkeys(values, 0)
+    current = table_by_ids(images, ids.to_pylist(), [*values, "_rowaddr", "_rowid"])
+    changed = {col: changed_values(col, ftype, t, current.select(["image_id", col, "_rowaddr", "_rowid"]))
+               for col, (ftype, t) in values.items()}
+    return write_changes(images, changed)
 
 
 def changed_values(column: str, field_type: pa.DataType, values: pa.Table, current: pa.Table) -> pa.Table:
-    """``image_id``/``column`` of the rows of ``values`` that exist in the lab's ``current``
-    (``image_id``, ``column``) with a different value."""
+    """``image_id``/``column`` (and ``_rowaddr``/``_rowid`` when ``current`` has them) of the rows of
+    ``values`` that exist in the lab's ``current`` (``image_id``, ``column``) with a different value."""
     left = pa.table({"image_id": values.column("image_id"), "_l": pa.array(np.arange(values.num_rows))})
     right = pa.table({"image_id": current.column("image_id"), "_r": pa.array(np.arange(current.num_rows))})
     pairs = left.join(right, "image_id", join_type="inner")
     new = values.column("value").take(pairs.column("_l")).cast(field_type)
+    out = {"image_id": pairs.column("image_id"), column: new}
+    for meta in ("_rowaddr", "_rowid"):
+        if meta in current.column_names:
+            out[meta] = current.column(meta).take(pairs.column("_r"))
     if pairs.num_rows == 0:
-        return pa.table({"image_id": pairs.column("image_id"), column: new})
+        return pa.table(out)
     mask = differs(current.column(column).take(pairs.column("_r")), new)
-    return pa.table({"image_id": pairs.column("image_id"), column: new}).filter(mask)
-
-
-def merge_changed(images: lance.LanceDataset, column: str, field_type: pa.DataType, values: pa.Table,
-                  current: pa.Table) -> int:
-    """Given new ``values`` and the lab's ``current`` (``image_id``, ``column``), rewrite the column
-    for the rows that exist in the lab and differ."""
-    return write_changed(images, column, changed_values(column, field_type, values, current))
+    return pa.table(out).filter(mask)
 
 
 def write_changed(images: lance.LanceDataset, column: str, changed: pa.Table) -> int:
-    """Write ``changed`` (``image_id``, ``column``) into the lab: whole rows when they are few (see
-    ``ROWS_MODE_SHARE``), else ``rewrite_columns`` merges in slices. Returns the rows written."""
-    if changed.num_rows == 0:
-        return 0
-    if changed.num_rows <= ROWS_MODE_SHARE * images.count_rows():
-        _rewrite_rows(images, column, changed)
-        return changed.num_rows
-    # Lance joins a merge in memory (a 300 MB pool by default): merge in slices of MERGE_BYTES.
-    step = max(1024, min(MERGE_ROWS, MERGE_BYTES * changed.num_rows // max(1, changed.nbytes)))
-    for start in range(0, changed.num_rows, step):
-        part = changed.take(np.arange(start, min(start + step, changed.num_rows)))  # a copy: a slice would
-        images.merge_insert("image_id").when_matched_update_all().write_mode("rewrite_columns") \
-            .execute(part)  # carry (and be accounted) with every byte of its parent's buffers
-    return changed.num_rows
+    """Write ``changed`` (``image_id``, ``column``, and ``_rowaddr``/``_rowid`` when known) into the
+    lab; returns the rows written (one column of :func:`write_changes`)."""
+    return write_changes(images, {column: changed})[column]
+
+
+def write_changes(images: lance.LanceDataset, changed: dict[str, pa.Table]) -> dict[str, int]:
+    """Write changed values of several columns (``{column: image_id/column[/_rowaddr/_rowid]}``) into
+    the lab; returns rows written per column. Each fragment's changes go the way that writes fewer
+    bytes (:func:`route_by_fragment`): its changed rows rewritten whole once with every changed
+    column set (moved to new fragments), or each changed column rewritten in place
+    (``rewrite_columns``, in slices of ``MERGE_BYTES``). Without row addresses, or past
+    ``ROWS_MODE_SHARE`` of the table, every change takes the column path."""
+    changed = {c: t for c, t in changed.items()}
+    out = {c: t.num_rows for c, t in changed.items()}
+    total = sum(out.values())
+    if not total:
+        return out
+    whole_frags: set[int] = set()
+    if all("_rowaddr" in t.column_names for t in changed.values()) and total <= ROWS_MODE_SHARE * images.count_rows():
+        whole_frags = route_by_fragment(images, changed)
+    if whole_frags:
+        whole = {c: t.filter(pa.array(np.isin(_fragment_of(t), list(whole_frags)))) for c, t in changed.items()}
+        _rewrite_rows(images, {c: t for c, t in whole.items() if t.num_rows})
+        changed = {c: t.filter(pa.array(~np.isin(_fragment_of(t), list(whole_frags)))) for c, t in changed.items()}
+    for column, t in changed.items():
+        in_place = t.select(["image_id", column])
+        # Lance joins a merge in memory (a 300 MB pool by default): merge in slices of MERGE_BYTES.
+        step = max(1024, min(MERGE_ROWS, MERGE_BYTES * max(1, in_place.num_rows) // max(1, in_place.nbytes)))
+        for start in range(0, in_place.num_rows, step):
+            part = in_place.take(np.arange(start, min(start + step, in_place.num_rows)))  # a copy: a slice would
+            images.merge_insert("image_id").when_matched_update_all().write_mode("rewrite_columns") \
+                .execute(part)  # carry (and be accounted) with every byte of its parent's buffers
+    return out
+
+
+def _fragment_of(t: pa.Table) -> np.ndarray:
+    """The fragment id of each row of ``t`` (from its ``_rowaddr``)."""
+    return (t.column("_rowaddr").to_numpy().astype(np.uint64) >> np.uint64(32)).astype(np.int64)
+
+
+def _width(images: lance.LanceDataset, column: str, values: pa.Table) -> float:
+    """Bytes per row of ``column`` (exact for vectors; the new values' average for strings)."""
+    ftype = images.schema.field(column).type
+    if pa.types.is_fixed_size_list(ftype):
+        return ftype.list_size * max(1, ftype.value_type.bit_width // 8)
+    return max(1.0, values.column(column).nbytes / max(1, values.num_rows))
+
+
+def route_by_fragment(images: lance.LanceDataset, changed: dict[str, pa.Table]) -> set[int]:
+    """The fragments whose changed rows are cheaper rewritten whole than their changed columns
+    rewritten in place. Whole rows cost the fragment's distinct changed rows times its bytes per
+    row (every column, the stored image included); each changed column costs the fragment's rows
+    times the column's bytes per row, twice (its index must cover the fragment again at the next
+    fold). Sizes come from the manifest.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> ds = lance.write_dataset(pa.table({"image_id": ["a", "b"], "c": ["x", "y"], "jpeg": [b"0" * 9000] * 2}), d)
+    >>> route_by_fragment(ds, {"c": pa.table({"image_id": ["a"], "c": ["z"], "_rowaddr": pa.array([0], pa.uint64())})})
+    set()
+    """
+    info = {f.fragment_id: f for f in images.get_fragments()}
+    rows_per: dict[int, set[int]] = {}
+    column_cost: dict[int, float] = {}
+    for column, t in changed.items():
+        if not t.num_rows:
+            continue
+        width = _width(images, column, t)
+        addr = t.column("_rowaddr").to_numpy().astype(np.uint64)
+        frag = (addr >> np.uint64(32)).astype(np.int64)
+        for fid in np.unique(frag).tolist():
+            f = info.get(fid)
+            if f is None:
+                continue
+            rows_per.setdefault(fid, set()).update(addr[frag == fid].tolist())
+            column_cost[fid] = column_cost.get(fid, 0.0) + 2 * max(1, int(f.metadata.physical_rows)) * width
+    whole = set()
+    for fid, addrs in rows_per.items():
+        f = info[fid]
+        row_bytes = sum(int(df.file_size_bytes or 0) for df in f.data_files()) / max(1, int(f.metadata.physical_rows))
+        if len(addrs) * row_bytes < column_cost[fid]:
+            whole.add(fid)
+    return whole
 
 
 def _row_slices(images: lance.LanceDataset, rows: pa.Table) -> Iterator[pa.Table]:
@@ -298,32 +479,30 @@ def _row_slices(images: lance.LanceDataset, rows: pa.Table) -> Iterator[pa.Table
         yield rows.slice(start, step)
 
 
-def _merge_rows(images: lance.LanceDataset, column: str, changed: pa.Table, full: pa.Table) -> int:
-    """Merge the lab rows ``full`` (every column) whose ids are in ``changed`` back with their new
-    ``column`` values from ``changed`` (``image_id``, ``column``). Returns the rows written."""
-    if changed.num_rows == 0:
-        return 0
-    full = full.filter(pc.is_in(full.column("image_id"), value_set=changed.column("image_id")))
-    order = pc.index_in(full.column("image_id"), value_set=changed.column("image_id"))
-    names = full.schema.names
-    full = full.set_column(names.index(column), images.schema.field(column), changed.column(column).take(order))
-    # The join by a scan of the key column, not by its index: on a table with rows outside the
-    # index and deletions inside it (every table after a few syncs), Lance's indexed merge path
-    # computes a deletion mask per fragment and measured 3-5x slower (0.42-0.67 s vs 0.14-0.16 s
-    # per merge of 2,000 rows into 1M); the scan reads 16 bytes per row of the table.
-    images.merge_insert("image_id").when_matched_update_all().use_index(False).execute(full)
-    return full.num_rows
-
-
-def _rewrite_rows(images: lance.LanceDataset, column: str, changed: pa.Table) -> None:
-    """Rewrite the ``changed`` rows whole, with their new ``column`` values, a slice of
-    ~``ROWS_MERGE_BYTES`` at a time (one merge, one scan of the key column, per slice). Rewritten
-    rows move to new fragments, so every index stays valid for all other rows (rewriting a column
-    in place would leave the column's indexes covering none of its fragments)."""
+def _rewrite_rows(images: lance.LanceDataset, changed: dict[str, pa.Table]) -> None:
+    """Rewrite whole the lab rows named in ``changed`` (``{column: image_id/column/_rowid}``), each
+    once with every one of its changed columns set, a slice of ~``ROWS_MERGE_BYTES`` at a time (one
+    take of the rows by row id, one merge and one scan of the key column per slice). Rewritten
+    rows move to new fragments, so every index stays valid for all other rows."""
     names = images.schema.names
-    for part in _row_slices(images, changed):
-        full = table_by_ids(images, part.column("image_id").to_pylist(), names).select(names)
-        _merge_rows(images, column, part, full)
+    rowids = pc.unique(pa.concat_arrays([t.column("_rowid").combine_chunks() for t in changed.values()]))
+    for part in _row_slices(images, pa.table({"_rowid": rowids})):
+        full = images._take_rows(part.column("_rowid").combine_chunks(), columns=names).select(names)
+        for column, t in changed.items():
+            new = t.filter(pc.is_in(t.column("_rowid"), value_set=part.column("_rowid")))
+            if not new.num_rows:
+                continue
+            at = pc.index_in(new.column("image_id"), value_set=full.column("image_id")).to_numpy()
+            order = np.arange(full.num_rows)
+            order[at] = full.num_rows + np.arange(new.num_rows)  # the new value where there is one
+            col = pa.concat_arrays([full.column(column).combine_chunks(), new.column(column).combine_chunks()
+                                    .cast(images.schema.field(column).type)]).take(pa.array(order))
+            full = full.set_column(names.index(column), images.schema.field(column), col)
+        # The join by a scan of the key column, not by its index: on a table with rows outside the
+        # index and deletions inside it (every table after a few syncs), Lance's indexed merge path
+        # computes a deletion mask per fragment and measured 3-5x slower (0.42-0.67 s vs 0.14-0.16 s
+        # per merge of 2,000 rows into 1M); the scan reads 16 bytes per row of the table.
+        images.merge_insert("image_id").when_matched_update_all().use_index(False).execute(full)
 
 
 def fill_new_column(images: lance.LanceDataset, source: lance.LanceDataset, column: str, field_type: pa.DataType,

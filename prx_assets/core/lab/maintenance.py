@@ -41,6 +41,8 @@ class MaintenanceReport:
 MAX_FRAGMENTS = 256
 #: Past this share of a table's rows outside an index, indexes are optimized.
 MAX_UNINDEXED_SHARE = 0.10
+#: Past this many segments in one index (a lab sync folds new rows as a delta segment), indexes are merged.
+MAX_SEGMENTS = 8
 
 
 @dataclass
@@ -52,6 +54,7 @@ class TableHealth:
     rows: int
     fragments: int
     unindexed_rows: int  # the most rows any one index does not cover
+    segments: int = 1  # the most segments of any one index
 
     def needs_maintenance(self, max_fragments: int | None = None,
                           max_unindexed_share: float | None = None) -> str | None:
@@ -64,6 +67,8 @@ class TableHealth:
         if self.rows and self.unindexed_rows > max_unindexed_share * self.rows:
             return (f"{self.table}: {self.unindexed_rows} of {self.rows} rows outside an index "
                     f"> {max_unindexed_share:.0%}")
+        if self.segments > MAX_SEGMENTS:
+            return f"{self.table}: an index of {self.segments} segments > {MAX_SEGMENTS}"
         return None
 
 
@@ -72,14 +77,15 @@ def table_health(root: DataRoot, name: str) -> TableHealth | None:
     ds = open_table(root.join(layout.table(name)), root.storage_options())
     if ds is None:
         return None
-    unindexed = 0
+    unindexed, segments = 0, 1
     for ix in ds.describe_indices():
+        segments = max(segments, len(getattr(ix, "segments", None) or [None]))
         try:
             unindexed = max(unindexed, int(ds.stats.index_stats(ix.name).get("num_unindexed_rows", 0)))
         except (KeyError, ValueError, RuntimeError):  # an index Lance cannot describe counts as covering nothing
             unindexed = ds.count_rows()
     return TableHealth(table=name, version=ds.version, rows=ds.count_rows(), fragments=len(ds.get_fragments()),
-                       unindexed_rows=unindexed)
+                       unindexed_rows=unindexed, segments=segments)
 
 
 def lance_tables(root: DataRoot) -> list[str]:
@@ -101,9 +107,11 @@ def maintain_table(root: DataRoot, name: str, target_rows_per_fragment: int = 10
     rep.fragments_removed = int(getattr(metrics, "fragments_removed", 0))
     rep.fragments_added = int(getattr(metrics, "fragments_added", 0))
     rep.files_removed = int(getattr(metrics, "files_removed", 0))
-    if ds.describe_indices():
-        ds.optimize.optimize_indices()
-        rep.indexes_optimized = len(ds.describe_indices())
+    indexes = ds.describe_indices()
+    if indexes:  # fold unindexed rows and merge every segment (lab syncs add delta segments) into one
+        segments = max(len(getattr(ix, "segments", None) or [None]) for ix in indexes)
+        ds.optimize.optimize_indices(num_indices_to_merge=max(1, segments))
+        rep.indexes_optimized = len(indexes)
     stats = ds.cleanup_old_versions(older_than=older_than, error_if_tagged_old_versions=False)
     rep.versions_removed = int(getattr(stats, "old_versions", 0))
     rep.bytes_removed = int(getattr(stats, "bytes_removed", 0))

@@ -103,17 +103,17 @@ def fetch_by_ids(ds: lance.LanceDataset, ids: Sequence[str], columns: Sequence[s
     column), then the rows are taken by row id. A filter over wide columns (vectors, JPEG bytes)
     would read those columns for every row it scans; a take reads them for the matches only."""
     flt = where_all(where_in(key, ids), where)
-    found = ds.to_table(columns=[key], filter=flt, with_row_id=True)
     cols = list(columns)
+    meta = [c for c in ("_rowid", "_rowaddr") if c in cols]  # row id / address columns, asked for by name
+    found = ds.to_table(columns=[key], filter=flt, with_row_id=True, with_row_address="_rowaddr" in meta)
     if found.num_rows == 0:
-        return pa.schema([found.schema.field("_rowid") if c == "_rowid" else ds.schema.field(c)
-                          for c in cols]).empty_table()
-    if set(cols) <= {key, "_rowid"}:
+        return pa.schema([found.schema.field(c) if c in meta else ds.schema.field(c) for c in cols]).empty_table()
+    if set(cols) <= {key, *meta}:
         return found.select(cols)
     # ``_take_rows`` is Lance's take by row id (what its own index lookups use); it keeps the order
-    rows = ds._take_rows(found.column("_rowid").combine_chunks(), columns=[c for c in cols if c != "_rowid"])
-    if "_rowid" in cols:
-        rows = rows.append_column("_rowid", found.column("_rowid"))
+    rows = ds._take_rows(found.column("_rowid").combine_chunks(), columns=[c for c in cols if c not in meta])
+    for c in meta:
+        rows = rows.append_column(c, found.column(c))
     return rows.select(cols)
 
 
