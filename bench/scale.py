@@ -70,6 +70,9 @@ EMBEDDING_CHECK_QUERIES = int(os.environ.get("PRX_BENCH_SCALE_EMBEDDING_QUERIES"
 NOOP_BATCHES = int(os.environ.get("PRX_BENCH_SCALE_BATCHES", "20000"))
 #: Images of the end-to-end figure on the demo graph (0 skips it: a 4,000-image run takes ~30 min here).
 E2E_IMAGES = int(os.environ.get("PRX_BENCH_SCALE_E2E_IMAGES", "4000"))
+#: Parts to leave out (comma-separated: discovery, noop, e2e), e.g. those that do not depend on the rows
+#: when re-measuring a row count; their keys are then null.
+SKIP = {p.strip() for p in os.environ.get("PRX_BENCH_SCALE_SKIP", "").split(",") if p.strip()}
 #: The local PostgreSQL server (trust auth) that holds the no-op bench's Dagster instance.
 PG = {"host": os.environ.get("PRX_PG_HOST", "127.0.0.1"), "port": int(os.environ.get("PRX_PG_PORT", "5432")),
       "user": os.environ.get("PRX_PG_USER", "postgres")}
@@ -499,7 +502,11 @@ def _child(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]
                          check=False)
     if out.returncode != 0:
         raise RuntimeError(f"bench.scale {argv} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # Each figure as it lands (stderr), so a bench stopped hours in still leaves what it measured.
+    print(f"[scale] {' '.join(a if len(a) < 40 else Path(a).name for a in argv)}: {json.dumps(result)}",
+          file=sys.stderr, flush=True)
+    return result
 
 
 def child_main(argv: list[str]) -> None:
@@ -663,10 +670,10 @@ def run() -> dict[str, Any]:
                 res = _child(["commit", small if size == "small" else big, str(ROWS), str(rnd)])
                 if rnd:
                     commit[size].append(res["seconds"])
-        discovery = _child(["discovery", str(tmp / "discovery"), str(FILES)])
+        discovery = None if "discovery" in SKIP else _child(["discovery", str(tmp / "discovery"), str(FILES)])
         writers = {"local": _child(["writers", small, str(WRITERS)])}
-        noop = _child(["noop", str(tmp / "noop"), str(NOOP_BATCHES)])
-        e2e = _child(["e2e", str(tmp / "e2e"), str(E2E_IMAGES)]) if E2E_IMAGES else None
+        noop = None if "noop" in SKIP else _child(["noop", str(tmp / "noop"), str(NOOP_BATCHES)])
+        e2e = _child(["e2e", str(tmp / "e2e"), str(E2E_IMAGES)]) if E2E_IMAGES and "e2e" not in SKIP else None
         with moto_s3() as env:
             _child(["build", "s3://bench/lab", "10000"], env=env)
             writers["s3"] = _child(["writers", "s3://bench/lab", str(WRITERS)], env=env)
@@ -691,13 +698,13 @@ def run() -> dict[str, Any]:
             "phash_pairs_match": phash["match"], "phash_check_sample": phash["sample"],
             "embedding_recall": None if emb["recall"] is None else round(emb["recall"], 4),
             "embedding_check": {k: round(v, 3) if isinstance(v, float) else v for k, v in emb.items()},
-            "discovery": discovery, "discovery_delta_share": discovery["discovery_delta_share"],
+            "discovery": discovery, "discovery_delta_share": discovery["discovery_delta_share"] if discovery else None,
             "commit_small_rows": max(10_000, ROWS // 100), "commit_small_seconds": round(cmed["small"], 3),
             "commit_big_seconds": round(cmed["big"], 3),
             "commit_latency_ratio": round(cmed["big"] / cmed["small"], 3),
             "concurrent_writers": {k: {**v, "seconds": round(v["seconds"], 2), "peak_gb": round(v["peak_gb"], 2)}
                                    for k, v in writers.items()},
-            "noop": noop, "noop_run_seconds": noop["noop_run_seconds"],
+            "noop": noop, "noop_run_seconds": noop["noop_run_seconds"] if noop else None,
             "e2e": e2e, "e2e_incremental_share": round(e2e["e2e_incremental_share"], 4) if e2e else None,
             "concurrent_writers_landed": all(v["landed"] == WRITERS and not v["duplicate_keys"]
                                              for v in writers.values()),
@@ -733,16 +740,16 @@ def format_table(r: dict[str, Any]) -> str:
         f"of {r['embedding_check']['queries']:,} sampled rows checked against every earlier row; "
         f"{r['embedding_check']['ivf_seconds']} s for all {r['embedding_check']['all_pairs']:,} pairs "
         "(target recall >= 0.99)",
-        f"  discovery, {r['discovery']['files']:,} files: a 1% drop in a new folder "
+        *([f"  discovery, {r['discovery']['files']:,} files: a 1% drop in a new folder "
         f"{r['discovery']['drop_new_folder_seconds']} s, scattered over existing folders "
         f"{r['discovery']['drop_scattered_seconds']} s, vs a full re-listing {r['discovery']['full_listing_seconds']} s: "
-        f"{r['discovery_delta_share']:.2%} / {r['discovery']['discovery_scattered_share']:.2%} (target <= 5%)",
+        f"{r['discovery_delta_share']:.2%} / {r['discovery']['discovery_scattered_share']:.2%} (target <= 5%)"] if r.get("discovery") else []),
         f"  one 5,000-row ingest commit: {r['commit_big_seconds']} s into {r['rows']:,} rows vs "
         f"{r['commit_small_seconds']} s into {r['commit_small_rows']:,}: ratio {r['commit_latency_ratio']} "
         "(target <= 2)",
-        f"  `prx-assets run` with nothing to do, {r['noop']['batches']:,} batches registered "
+        *([f"  `prx-assets run` with nothing to do, {r['noop']['batches']:,} batches registered "
         f"({r['noop']['partitions']:,} partitions, PostgreSQL instance): {r['noop_run_seconds']} s, the whole "
-        f"command (spread {r['noop']['noop_spread']}; target <= 30 s)",
+        f"command (spread {r['noop']['noop_spread']}; target <= 30 s)"] if r.get("noop") else []),
         *([f"  end to end, the demo graph (tiny models) up to training_mixture at {r['e2e']['images']:,} images: "
            f"{r['e2e']['added']} new images re-ran {r['e2e_incremental_share']:.2%} of the full run's platform time "
            f"({r['e2e']['incremental_platform_seconds']:.1f} s vs {r['e2e']['full_platform_seconds']:.1f} s, "

@@ -163,7 +163,7 @@ def lance_maintenance() -> None:
 @dg.sensor(job=lance_maintenance, minimum_interval_seconds=600, default_status=dg.DefaultSensorStatus.STOPPED)
 def lance_maintenance_sensor(context: dg.SensorEvaluationContext, storage: StorageResource) -> dg.SensorResult:
     """Keep every Lance table within bounds: request lance_maintenance when one has more than
-    ``MAX_FRAGMENTS`` fragments, more than ``MAX_UNINDEXED_SHARE`` of its rows outside an index or an
+    ``MAX_FRAGMENTS`` fragments to compact (small or with many deletions), more than ``MAX_UNINDEXED_SHARE`` of its rows outside an index or an
     index of more than ``MAX_SEGMENTS`` segments (lab syncs fold new rows as delta segments; reads
     manifests and index statistics only; one request per table version)."""
     root = storage.root()

@@ -202,7 +202,7 @@ def test_maintenance_is_requested_when_a_table_passes_its_bounds(lab, monkeypatc
     health = maintenance.table_health(root, "images")
     assert health is not None and health.fragments == 3 and health.rows == 12
     assert health.needs_maintenance() is None
-    assert health.needs_maintenance(max_fragments=2) == "images: 3 fragments > 2"
+    assert health.needs_maintenance(max_fragments=2) == "images: 3 fragments to compact > 2"
     storage = StorageResource(data_root=root.uri)
 
     def evaluate() -> dg.SensorResult:
@@ -212,7 +212,7 @@ def test_maintenance_is_requested_when_a_table_passes_its_bounds(lab, monkeypatc
     assert evaluate().skip_reason is not None
     monkeypatch.setattr(maintenance, "MAX_FRAGMENTS", 2)
     (request,) = evaluate().run_requests
-    assert "images: 3 fragments > 2" in request.tags["prx/maintenance_reasons"]
+    assert "images: 3 fragments to compact > 2" in request.tags["prx/maintenance_reasons"]
     maintain(root)
     assert maintenance.table_health(root, "images").fragments == 1
     assert evaluate().skip_reason is not None

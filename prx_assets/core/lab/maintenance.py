@@ -37,12 +37,25 @@ class MaintenanceReport:
         return dict(self.__dict__)
 
 
-#: Past this many fragments a table is compacted (ingest appends one or more per batch).
+#: Past this many fragments left to compact (see ``settled_fragments``) a table is compacted (ingest
+#: appends one or more per batch).
 MAX_FRAGMENTS = 256
 #: Past this share of a table's rows outside an index, indexes are optimized.
 MAX_UNINDEXED_SHARE = 0.10
 #: Past this many segments in one index (a lab sync folds new rows as a delta segment), indexes are merged.
 MAX_SEGMENTS = 8
+#: Rows per fragment compaction aims at (Lance's default).
+TARGET_ROWS_PER_FRAGMENT = 1024 * 1024
+#: A fragment holding at least this share of the compaction target's rows, with deletions under
+#: ``DELETIONS_SHARE``, is left as it is: compaction merges the small fragments (ingest partitions,
+#: lab-sync deltas) rather than rewriting a table of 250k-row fragments whole to make them 1M.
+LARGE_FRAGMENT_SHARE = 0.2
+#: A fragment with more than this share of its rows deleted is rewritten whatever its size (Lance's own
+#: default threshold for materializing deletions).
+DELETIONS_SHARE = 0.10
+#: The most source bytes one maintenance run compacts; the rest is left to the next run, so one run's
+#: extra disk (old files stay until cleanup) and time are bounded by this, not by the table.
+MAX_COMPACTION_BYTES = 16 * 1024**3
 
 
 @dataclass
@@ -55,6 +68,7 @@ class TableHealth:
     fragments: int
     unindexed_rows: int  # the most rows any one index does not cover
     segments: int = 1  # the most segments of any one index
+    compactable: int | None = None  # fragments compaction would take (None: all of them)
 
     def needs_maintenance(self, max_fragments: int | None = None,
                           max_unindexed_share: float | None = None) -> str | None:
@@ -62,8 +76,9 @@ class TableHealth:
         given), or ``None``."""
         max_fragments = MAX_FRAGMENTS if max_fragments is None else max_fragments
         max_unindexed_share = MAX_UNINDEXED_SHARE if max_unindexed_share is None else max_unindexed_share
-        if self.fragments > max_fragments:
-            return f"{self.table}: {self.fragments} fragments > {max_fragments}"
+        small = self.fragments if self.compactable is None else self.compactable
+        if small > max_fragments:
+            return f"{self.table}: {small} fragments to compact > {max_fragments}"
         if self.rows and self.unindexed_rows > max_unindexed_share * self.rows:
             return (f"{self.table}: {self.unindexed_rows} of {self.rows} rows outside an index "
                     f"> {max_unindexed_share:.0%}")
@@ -84,8 +99,10 @@ def table_health(root: DataRoot, name: str) -> TableHealth | None:
             unindexed = max(unindexed, int(ds.stats.index_stats(ix.name).get("num_unindexed_rows", 0)))
         except (KeyError, ValueError, RuntimeError):  # an index Lance cannot describe counts as covering nothing
             unindexed = ds.count_rows()
-    return TableHealth(table=name, version=ds.version, rows=ds.count_rows(), fragments=len(ds.get_fragments()),
-                       unindexed_rows=unindexed, segments=segments)
+    fragments = len(ds.get_fragments())
+    return TableHealth(table=name, version=ds.version, rows=ds.count_rows(), fragments=fragments,
+                       unindexed_rows=unindexed, segments=segments,
+                       compactable=fragments - len(settled_fragments(ds, TARGET_ROWS_PER_FRAGMENT)))
 
 
 def lance_tables(root: DataRoot) -> list[str]:
@@ -94,16 +111,56 @@ def lance_tables(root: DataRoot) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def maintain_table(root: DataRoot, name: str, target_rows_per_fragment: int = 1024 * 1024,
-                   older_than: timedelta = timedelta(days=7)) -> MaintenanceReport | None:
-    """Compact, optimize indexes and clean up one table."""
+def settled_fragments(ds: Any, target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT) -> list[int]:
+    """Ids of the fragments compaction leaves alone: large enough (``LARGE_FRAGMENT_SHARE`` of the
+    target) and with few deletions (``DELETIONS_SHARE``). Read from the manifest, no data."""
+    large = int(LARGE_FRAGMENT_SHARE * target_rows_per_fragment)
+    out = []
+    for frag in ds.get_fragments():
+        meta = frag.metadata
+        physical = int(meta.physical_rows or 0)
+        deleted = int(getattr(meta.deletion_file, "num_deleted_rows", 0) or 0) if meta.deletion_file else 0
+        if physical >= large and deleted <= DELETIONS_SHARE * physical:
+            out.append(int(meta.id))
+    return out
+
+
+def _source_bytes(task: Any) -> int:
+    return sum(int(f.file_size_bytes or 0) for frag in task.fragments for f in frag.files)
+
+
+def compact_bounded(ds: Any, target_rows_per_fragment: int, max_bytes: int) -> Any:
+    """Compact ``ds``, leaving :func:`settled_fragments` alone, in Lance's planned tasks taken in
+    order until their source bytes pass ``max_bytes`` (at least one task: Lance's own
+    ``max_source_bytes`` takes none when the first is larger). Returns Lance's metrics, or ``None``
+    when nothing needed compacting."""
+    from lance.optimize import Compaction
+
+    plan = Compaction.plan(ds, {"target_rows_per_fragment": target_rows_per_fragment,
+                                "materialize_deletions_threshold": DELETIONS_SHARE,
+                                "excluded_fragment_ids": settled_fragments(ds, target_rows_per_fragment)})
+    rewrites, size = [], 0
+    for task in plan.tasks:
+        if rewrites and size + _source_bytes(task) > max_bytes:
+            break
+        size += _source_bytes(task)
+        rewrites.append(task.execute(ds))
+    return Compaction.commit(ds, rewrites) if rewrites else None
+
+
+def maintain_table(root: DataRoot, name: str, target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
+                   older_than: timedelta = timedelta(days=7),
+                   max_compaction_bytes: int = MAX_COMPACTION_BYTES) -> MaintenanceReport | None:
+    """Compact, optimize indexes and clean up one table. Compaction merges small fragments and
+    those with many deletions (:func:`settled_fragments` are left alone), at most
+    ``max_compaction_bytes`` of them per run, so it costs what accumulated since the last run."""
     opts = root.storage_options()
     ds = open_table(root.join(layout.table(name)), opts)
     if ds is None:
         return None
     rep = MaintenanceReport(table=name, fragments_before=len(ds.get_fragments()), fragments_after=0,
                             version_before=ds.version, version_after=ds.version)
-    metrics = ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
+    metrics = compact_bounded(ds, target_rows_per_fragment, max_compaction_bytes)
     rep.fragments_removed = int(getattr(metrics, "fragments_removed", 0))
     rep.fragments_added = int(getattr(metrics, "fragments_added", 0))
     rep.files_removed = int(getattr(metrics, "files_removed", 0))
@@ -120,7 +177,7 @@ def maintain_table(root: DataRoot, name: str, target_rows_per_fragment: int = 10
     return rep
 
 
-def maintain(root: DataRoot, target_rows_per_fragment: int = 1024 * 1024,
+def maintain(root: DataRoot, target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
              older_than: timedelta = timedelta(days=7)) -> list[MaintenanceReport]:
     """Maintain every Lance table under the data root (holding the lab lease: a compaction and a lab
     sync rewriting the same fragments would make one of them retry its whole commit)."""

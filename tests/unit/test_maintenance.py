@@ -1,0 +1,44 @@
+"""Compaction costs what accumulated: large fragments stay, small ones merge, a run is bounded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+
+from prx_assets.core.lab.maintenance import compact_bounded, settled_fragments
+
+
+def _files(ds: lance.LanceDataset) -> dict[int, set[str]]:
+    return {f.fragment_id: {d.path for d in f.data_files()} for f in ds.get_fragments()}
+
+
+def _table(tmp_path: Path) -> lance.LanceDataset:
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"a": list(range(900))}), uri, max_rows_per_file=300)  # 3 x 300
+    for i in range(6):  # six small appends, as ingest partitions make
+        lance.write_dataset(pa.table({"a": list(range(1000 + 5 * i, 1005 + 5 * i))}), uri, mode="append")
+    return lance.dataset(uri)
+
+
+def test_large_fragments_are_left_alone_and_small_ones_merged(tmp_path: Path) -> None:
+    ds = _table(tmp_path)
+    ds.delete("a < 40")  # 40 of fragment 0's 300 rows: past the 10% share, so it is rewritten
+    before = _files(ds)
+    assert settled_fragments(ds, 1000) == [1, 2]
+    compact_bounded(ds, 1000, max_bytes=1 << 40)
+    after = _files(ds)
+    assert after[1] == before[1] and after[2] == before[2]  # not rewritten
+    assert 0 not in after and len(after) == 4  # fragment 0 rewritten, the six small ones merged into one
+    assert ds.count_rows() == 900 - 40 + 30
+    assert compact_bounded(ds, 1000, max_bytes=1 << 40) is None  # nothing left to do
+
+
+def test_one_run_is_bounded_by_bytes_and_the_next_continues(tmp_path: Path) -> None:
+    ds = _table(tmp_path)
+    ds.delete("a < 40")  # two tasks: fragment 0, and the small fragments
+    compact_bounded(ds, 1000, max_bytes=1)  # over the cap at once: still one task
+    assert len(ds.get_fragments()) == 3 + 6  # fragment 0 rewritten in place of itself, the rest waits
+    compact_bounded(ds, 1000, max_bytes=1)
+    assert len(ds.get_fragments()) == 4 and ds.count_rows() == 890
