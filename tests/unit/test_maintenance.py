@@ -26,7 +26,7 @@ def test_large_fragments_are_left_alone_and_small_ones_merged(tmp_path: Path) ->
     ds = _table(tmp_path)
     ds.delete("a < 40")  # 40 of fragment 0's 300 rows: past the 10% share, so it is rewritten
     before = _files(ds)
-    assert settled_fragments(ds, 1000) == [1, 2]
+    assert settled_fragments(ds.get_fragments(), 1000) == [1, 2]
     compact_bounded(ds, 1000, max_bytes=1 << 40)
     after = _files(ds)
     assert after[1] == before[1] and after[2] == before[2]  # not rewritten

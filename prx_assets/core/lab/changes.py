@@ -406,7 +406,8 @@ def write_changes(images: lance.LanceDataset, changed: dict[str, pa.Table]) -> d
     if not total:
         return out
     whole_frags: set[int] = set()
-    if all("_rowaddr" in t.column_names for t in changed.values()) and total <= ROWS_MODE_SHARE * images.count_rows():
+    if all({"_rowaddr", "_rowid"} <= set(t.column_names) for t in changed.values()) \
+            and total <= ROWS_MODE_SHARE * images.count_rows():
         whole_frags = route_by_fragment(images, changed)
     if whole_frags:
         whole = {c: t.filter(pa.array(np.isin(_fragment_of(t), list(whole_frags)))) for c, t in changed.items()}
@@ -486,10 +487,6 @@ def _rewrite_rows(images: lance.LanceDataset, changed: dict[str, pa.Table]) -> N
     take of the rows by row id, one merge and one scan of the key column per slice). Rewritten
     rows move to new fragments, so every index stays valid for all other rows."""
     names = images.schema.names
-    if not all("_rowid" in t.column_names for t in changed.values()):  # not looked up yet: by id
-        ids = pc.unique(pa.concat_arrays([t.column("image_id").combine_chunks() for t in changed.values()]))
-        rowid_of = table_by_ids(images, ids.to_pylist(), ["_rowid"])
-        changed = {c: t.select(["image_id", c]).join(rowid_of, "image_id") for c, t in changed.items()}
     rowids = pc.unique(pa.concat_arrays([t.column("_rowid").combine_chunks() for t in changed.values()]))
     for part in _row_slices(images, pa.table({"_rowid": rowids})):
         full = images._take_rows(part.column("_rowid").combine_chunks(), columns=names).select(names)

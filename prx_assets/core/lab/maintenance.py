@@ -99,10 +99,10 @@ def table_health(root: DataRoot, name: str) -> TableHealth | None:
             unindexed = max(unindexed, int(ds.stats.index_stats(ix.name).get("num_unindexed_rows", 0)))
         except (KeyError, ValueError, RuntimeError):  # an index Lance cannot describe counts as covering nothing
             unindexed = ds.count_rows()
-    fragments = len(ds.get_fragments())
-    return TableHealth(table=name, version=ds.version, rows=ds.count_rows(), fragments=fragments,
+    fragments = ds.get_fragments()
+    return TableHealth(table=name, version=ds.version, rows=ds.count_rows(), fragments=len(fragments),
                        unindexed_rows=unindexed, segments=segments,
-                       compactable=fragments - len(settled_fragments(ds, TARGET_ROWS_PER_FRAGMENT)))
+                       compactable=len(fragments) - len(settled_fragments(fragments)))
 
 
 def lance_tables(root: DataRoot) -> list[str]:
@@ -111,16 +111,16 @@ def lance_tables(root: DataRoot) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def settled_fragments(ds: Any, target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT) -> list[int]:
-    """Ids of the fragments compaction leaves alone: large enough (``LARGE_FRAGMENT_SHARE`` of the
-    target) and with few deletions (``DELETIONS_SHARE``). Read from the manifest, no data."""
+def settled_fragments(fragments: list[Any], target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT) -> list[int]:
+    """Ids of the ``fragments`` (a dataset's ``get_fragments()``) compaction leaves alone: large
+    enough (``LARGE_FRAGMENT_SHARE`` of the target) and with few deletions (``DELETIONS_SHARE``).
+    Read from the manifest, no data."""
     large = int(LARGE_FRAGMENT_SHARE * target_rows_per_fragment)
     out = []
-    for frag in ds.get_fragments():
+    for frag in fragments:
         meta = frag.metadata
         physical = int(meta.physical_rows or 0)
-        deleted = int(getattr(meta.deletion_file, "num_deleted_rows", 0) or 0) if meta.deletion_file else 0
-        if physical >= large and deleted <= DELETIONS_SHARE * physical:
+        if physical >= large and meta.num_deletions <= DELETIONS_SHARE * physical:
             out.append(int(meta.id))
     return out
 
@@ -138,7 +138,7 @@ def compact_bounded(ds: Any, target_rows_per_fragment: int, max_bytes: int) -> A
 
     plan = Compaction.plan(ds, {"target_rows_per_fragment": target_rows_per_fragment,
                                 "materialize_deletions_threshold": DELETIONS_SHARE,
-                                "excluded_fragment_ids": settled_fragments(ds, target_rows_per_fragment)})
+                                "excluded_fragment_ids": settled_fragments(ds.get_fragments(), target_rows_per_fragment)})
     rewrites, size = [], 0
     for task in plan.tasks:
         if rewrites and size + _source_bytes(task) > max_bytes:
