@@ -33,9 +33,11 @@ lint: venv
 validate: venv $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster definitions validate -m prx_assets.definitions
 
-# Everything, as CI runs it (SLURM, browser, PostgreSQL, S3 tiers included).
+# Everything, as CI runs it (SLURM, browser, PostgreSQL, S3 tiers included), one file per
+# worker at a time (TEST_WORKERS=0 runs it serially in one process).
+TEST_WORKERS ?= 2
 test: venv lint
-	$(VENV)/bin/pytest -q -ra --durations=30
+	$(VENV)/bin/pytest -q -ra --durations=30 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # Unit + asset tests (no external services): the loop while developing, a minute or two.
 test-fast: venv lint

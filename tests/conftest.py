@@ -171,9 +171,20 @@ _TIERS = {"test_training.py": "slurm", "test_ui.py": "browser", "test_postgres.p
           "test_identity.py": "pipeline", "test_faults.py": "pipeline"}
 
 
+#: The longest files first (their measured share of a serial run, longest first): ``make test``
+#: runs files on parallel workers (pytest-xdist, ``--dist loadfile``) and a long file started last
+#: would finish alone. Files not listed keep their order after these.
+_LONGEST_FIRST = ["test_training.py", "test_faults.py", "test_cli.py", "test_identity.py", "test_ui.py",
+                  "test_postgres.py", "test_s3_pipeline.py", "test_mixture.py", "test_install.py",
+                  "test_gpu_bench.py"]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark tests by tier: ``unit`` (core), ``assets`` (Dagster materialize), and ``slow`` plus the
-    service they need for the rest. ``make test-fast`` runs ``-m "not slow"``."""
+    service they need for the rest. ``make test-fast`` runs ``-m "not slow"``. The longest files
+    go first (a stable sort: each file's own order is kept)."""
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
     for item in items:
         path = Path(str(item.fspath))
         if path.parent.name == "unit":

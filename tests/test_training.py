@@ -268,15 +268,20 @@ def test_failing_job_fails_the_run_with_the_job_error(trained_demo: dict[str, An
 
 
 def _wait_for_job(name_prefix: str, timeout: float = 60) -> str:
+    """The id of this project's RUNNING job named ``name_prefix*`` (its script in the demo's jobs
+    folder: another test's project may run a job of the same name at the same time)."""
     from prx_assets.core.jobs.executors import SlurmExecutor
+    from prx_assets.resources.pipes_slurm import submitted_from
+    from prx_assets.resources.slurm import SlurmResource
 
+    jobs_dir = SlurmResource().jobs_dir()
     deadline = time.time() + timeout
     while time.time() < deadline:
         for j in SlurmExecutor().queue():
-            if j["name"].startswith(name_prefix) and j["state"] == "RUNNING":
+            if j["name"].startswith(name_prefix) and j["state"] == "RUNNING" and submitted_from(j, jobs_dir):
                 return j["job_id"]
         time.sleep(0.3)
-    raise AssertionError(f"no RUNNING job named {name_prefix}*")
+    raise AssertionError(f"no RUNNING job named {name_prefix}* from {jobs_dir}")
 
 
 def test_cancelled_job_fails_the_run(trained_demo: dict[str, Any]) -> None:
@@ -477,24 +482,32 @@ def test_sensor_fires_on_its_own_under_dagster_dev(trained_demo: dict[str, Any],
 
 def test_a_job_still_queued_or_running_is_never_submitted_twice(slurm_cluster: None, tmp_path: Path) -> None:
     """A run killed while its job runs leaves the job behind; materializing again refuses to submit
-    a second job of that name and names the first (real sbatch/squeue)."""
+    a second job of that name and names the first (real sbatch/squeue). A job of the same name
+    from another project (its script in another jobs folder) is not this project's and is ignored."""
     from prx_assets.core.jobs.render import job_name_for
+    from prx_assets.resources.pipes_slurm import submitted_from
     from prx_assets.resources.slurm import SlurmResource
 
     name = job_name_for("train", f"dup{os.getpid()}")
-    script = tmp_path / "hold.sbatch"
-    script.write_text(f"#!/bin/bash\n#SBATCH --job-name={name}\n#SBATCH --output={tmp_path}/hold.log\nsleep 120\n")
-    out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
-    job_id = out.stdout.strip().split(";")[0]
+    ids = {}
+    for project, folder in (("other", tmp_path / "other" / "slurm"), ("ours", tmp_path / "jobs")):
+        script = folder / f"{name}-{project}00" / "job.sbatch"
+        script.parent.mkdir(parents=True)
+        script.write_text(f"#!/bin/bash\n#SBATCH --job-name={name}\n#SBATCH --output={script.parent}/job.log\n"
+                          "sleep 120\n")
+        out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
+        ids[project] = out.stdout.strip().split(";")[0]
     try:
         slurm = SlurmResource(mode="slurm", shared_dir=str(tmp_path / "jobs"))
-        with pytest.raises(dg.Failure, match=rf"SLURM job {job_id} \({name}\) is already (PENDING|RUNNING).*"
-                                             rf"scancel {job_id}"):
+        queued = {j["job_id"]: j for j in slurm.executor().queue()}
+        assert submitted_from(queued[ids["ours"]], slurm.jobs_dir()) and not submitted_from(queued[ids["other"]], slurm.jobs_dir())
+        with pytest.raises(dg.Failure, match=rf"SLURM job {ids['ours']} \({name}\) is already (PENDING|RUNNING).*"
+                                             rf"scancel {ids['ours']}"):
             slurm.pipes_client().run(context=dg.build_asset_context(), module="prx_assets.training.train",
                                      job_name=name)
-        assert not list((tmp_path / "jobs").glob(f"{name}-*"))  # nothing was written for a second job
+        assert [p.name for p in (tmp_path / "jobs").glob(f"{name}-*")] == [f"{name}-ours00"]  # no second job
     finally:
-        subprocess.run(["scancel", job_id], check=False)
+        subprocess.run(["scancel", *ids.values()], check=False)
 
 
 def test_a_killed_run_leaves_its_job_to_the_next_run_which_adopts_it(trained_demo: dict[str, Any],
@@ -536,7 +549,8 @@ def test_a_killed_run_leaves_its_job_to_the_next_run_which_adopts_it(trained_dem
         assert again.success  # its results are recorded: the next materialization trains anew
         md2 = again.asset_materializations_for_node("training_run")[0].metadata
         assert md2["job_id"].value != job_id and md2["adopted_job"].value is False
-    out = run_command(["sacct", "-n", "-X", "-P", "--name=prx-train-mix", "-S", started, "-o", "JobID"])
-    ids = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    out = run_command(["sacct", "-n", "-X", "-P", "--name=prx-train-mix", "-S", started, "-o", "JobID,WorkDir"])
+    rows = [line.strip().split("|", 1) for line in out.stdout.splitlines() if line.strip()]
+    ids = [i for i, workdir in rows if Path(workdir) == Path(trained_demo["base"])]  # this project's jobs
     since = sorted({i for i in ids if int(i) >= int(job_id)}, key=int)  # job ids only grow
     assert since == [job_id, md2["job_id"].value], ids  # the killed run's job and the last one, no third

@@ -32,6 +32,15 @@ WORK_FILE, RECORDED_FILE = "work.json", "recorded"
 LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "SUSPENDED")
 
 
+def submitted_from(job: Mapping[str, str], jobs_dir: Path) -> bool:
+    """Whether a queued job was submitted from ``jobs_dir`` (its batch script lies there). A job
+    whose command SLURM does not show is counted as ours: a doubled job is worse than a refusal."""
+    command = (job.get("command") or "").strip()
+    if not command or not command.startswith("/"):
+        return True
+    return Path(command).resolve().is_relative_to(jobs_dir.resolve())
+
+
 class ExistingFileMessageReader(dg.PipesFileMessageReader):
     """Reads the message file of an adopted job from its first line. Dagster's file reader creates
     (truncates) the file when a session opens, which would erase what the job already wrote."""
@@ -93,15 +102,18 @@ class PipesSlurmClient(dg.PipesClient):
         still queued or running, it is followed; finished, its results are read; either way its
         Pipes messages (logs, metadata, materialization) reach this run. ``record`` is kept with
         the job and returned as ``metadata["work"]`` (e.g. where an adopted job writes checkpoints).
-        A queued or running job of the same name for other work is refused, never doubled.
+        A queued or running job of the same name for other work is refused, never doubled. Only
+        this project's jobs count (their scripts lie in its jobs folder): another data root on the
+        same cluster may train a mixture of the same name at the same time.
         """
         mode = self.slurm.effective_mode()
         executor = self.slurm.executor(mode)
         queue = getattr(executor, "queue", None)
         adopted = self._adoptable(executor, job_name, work_key) if queue is not None and work_key else None
         if adopted is None and queue is not None:  # a job of this name still queued or running
+            jobs_dir = self.slurm.jobs_dir()
             for job in queue():
-                if job["name"] == job_name and job["state"] in LIVE_STATES:
+                if job["name"] == job_name and job["state"] in LIVE_STATES and submitted_from(job, jobs_dir):
                     raise dg.Failure(
                         description=f"SLURM job {job['job_id']} ({job_name}) is already {job['state']}"
                                     f"{' for other work' if work_key else ''}: a second job is not submitted. "

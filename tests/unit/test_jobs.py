@@ -19,7 +19,9 @@ SCONTROL_FAILED = ("JobId=9 JobName=prx-train-bad JobState=FAILED Reason=NonZero
                    "ExitCode=3:0 RunTime=00:00:02 Partition=debug\n")
 SCONTROL_GONE = "slurm_load_jobs error: Invalid job id specified\n"
 SACCT = "55|COMPLETED|0:0\n56|FAILED|3:0\n57|CANCELLED by 0|0:0\n"
-SQUEUE = "2|prx-train-demo_mix|RUNNING\n3|prx-recaptions-photos-00001|PENDING\n"
+SQUEUE = ("2|RUNNING|/shared/slurm/prx-train-demo_mix-1a2b3c4d/job.sbatch|prx-train-demo_mix\n"
+          "3|PENDING|/shared/slurm/prx-recaptions-photos-00001-9f8e7d6c/job.sbatch|prx-recaptions-photos-00001\n"
+          "4|RUNNING|/home/u/run.sh|a|name|with|bars\n")
 
 
 def test_doctests() -> None:
@@ -43,8 +45,10 @@ def test_sacct_matches_the_job_and_normalizes_cancelled_by() -> None:
 
 
 def test_squeue_and_sinfo() -> None:
-    assert parse.parse_squeue(SQUEUE)[1] == {"job_id": "3", "name": "prx-recaptions-photos-00001",
-                                             "state": "PENDING"}
+    jobs = parse.parse_squeue(SQUEUE)
+    assert jobs[1] == {"job_id": "3", "name": "prx-recaptions-photos-00001", "state": "PENDING",
+                       "command": "/shared/slurm/prx-recaptions-photos-00001-9f8e7d6c/job.sbatch"}
+    assert jobs[2]["name"] == "a|name|with|bars" and jobs[2]["state"] == "RUNNING"
     assert parse.sinfo_has_usable_node("mix\n") and parse.sinfo_has_usable_node("idle*\n")
     assert not parse.sinfo_has_usable_node("down\ndrain\n") and not parse.sinfo_has_usable_node("")
 

@@ -51,6 +51,23 @@ def test_single_process_job_runs_the_module_directly() -> None:
     assert "#SBATCH --gpus-per-node" not in text
 
 
+def test_cpu_threads_follow_the_allocation_shared_by_the_ranks(tmp_path: Path) -> None:
+    """A job's processes use the CPUs SLURM gave its task, split over the ranks on the node (jobs
+    sharing a node do not oversubscribe it); an operator's OMP_NUM_THREADS is kept."""
+    def threads(spec: JobSpec, preset: str = "") -> str:
+        text = render_sbatch(DEFAULT_TEMPLATE.read_text(), spec)
+        line = next(ln for ln in text.splitlines() if ln.startswith("export OMP_NUM_THREADS="))
+        return subprocess.run(["bash", "-c", f"{preset}{line}; echo $OMP_NUM_THREADS"], capture_output=True,
+                              text=True, check=True, env={"PATH": os.environ["PATH"]}).stdout.strip()
+
+    one = JobSpec(job_name="j", log_path="/tmp/j.log", workdir="/tmp", module="m", cpus_per_task=6)
+    assert threads(one) == "6"
+    assert threads(multi_node_spec()) == "4"  # 32 CPUs for 8 ranks a node
+    assert threads(JobSpec(job_name="j", log_path="/tmp/j.log", workdir="/tmp", module="m", cpus_per_task=2,
+                           gpus_per_node=8)) == "1"
+    assert threads(one, preset="export OMP_NUM_THREADS=3; ") == "3"
+
+
 @pytest.mark.parametrize("field,value", [("partition", "gpu; rm -rf /"), ("time", "4 hours"),
                                          ("log_path", "/shared/my logs/j.out"), ("account", "a\nb")])
 def test_unsafe_directive_values_are_rejected_with_the_value(field: str, value: str) -> None:

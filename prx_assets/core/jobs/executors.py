@@ -87,8 +87,8 @@ class SlurmExecutor:
         return found or JobStatus(job_id, "UNKNOWN", reason=(out.stderr or acct.stderr).strip())
 
     def queue(self) -> list[dict[str, str]]:
-        """Jobs queued or running (``squeue``): id, name, state."""
-        out = run_command(["squeue", "-h", "-o", "%i|%j|%T"])
+        """Jobs queued or running (``squeue``): id, state, command (the batch script's path), name."""
+        out = run_command(["squeue", "-h", "-o", "%i|%T|%o|%j"])
         if out.returncode != 0:
             raise SlurmError(f"squeue failed: {out.stderr.strip()}")
         return parse_squeue(out.stdout)

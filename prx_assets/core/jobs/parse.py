@@ -55,8 +55,13 @@ def parse_sacct(text: str, job_id: str) -> JobStatus | None:
 
 
 def parse_squeue(text: str) -> list[dict[str, str]]:
-    """``squeue -h -o %i|%j|%T``: one dict (job_id, name, state) per job."""
-    return [dict(zip(("job_id", "name", "state"), line.split("|"), strict=False))
+    """``squeue -h -o %i|%T|%o|%j``: one dict (job_id, state, command, name) per job. The name comes
+    last so that a ``|`` in another user's job name cannot shift the other fields.
+
+    >>> parse_squeue("7|RUNNING|/shared/slurm/prx-train-mix-1a2b/job.sbatch|prx-train-mix\\n")
+    [{'job_id': '7', 'state': 'RUNNING', 'command': '/shared/slurm/prx-train-mix-1a2b/job.sbatch', 'name': 'prx-train-mix'}]
+    """
+    return [dict(zip(("job_id", "state", "command", "name"), line.split("|", 3), strict=False))
             for line in text.splitlines() if line.strip()]
 
 

@@ -70,17 +70,25 @@ def _directive(flag: str, value: Any) -> str:
     return f"#SBATCH --{flag}={text}"
 
 
+def _threads(spec: JobSpec) -> str:
+    """CPU threads per process (OpenMP, hence torch's intra-op pool): the task's CPUs shared by the
+    ranks on its node, not every core of a node other jobs also run on. An operator's own
+    ``OMP_NUM_THREADS`` (env_setup, exports) wins."""
+    per_rank = max(1, spec.cpus_per_task // spec.ranks_per_node)
+    return f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{per_rank}}}\n"
+
+
 def _launch(spec: JobSpec) -> str:
     words = [spec.python, "-m", spec.module, *spec.args]
     if spec.nodes == 1 and spec.ranks_per_node == 1:
-        return " ".join(shlex.quote(w) for w in words)
+        return _threads(spec) + " ".join(shlex.quote(w) for w in words)
     torchrun = [spec.python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
                 f"--nproc-per-node={spec.ranks_per_node}", "--rdzv-backend=c10d",
                 "--rdzv-id=${SLURM_JOB_ID:-local}", "--rdzv-endpoint=${MASTER_ADDR}:${MASTER_PORT}",
                 "-m", spec.module, *spec.args]
     quoted = [w if "${" in w else shlex.quote(w) for w in torchrun]  # only our own ${...} stay unquoted
     srun = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " if spec.nodes > 1 else ""
-    return srun + " ".join(quoted)
+    return _threads(spec) + srun + " ".join(quoted)
 
 
 def server_block(spec: JobSpec) -> str:

@@ -513,11 +513,11 @@ def open_stream(uri: str, cache: str | None = None, **kwargs: Any) -> Any:
     """A plain ``StreamingDataset`` over one MDS folder (a stream with its own ``index.json``, such as
     a set written whole or a bucket sub-stream). Published sets: use :func:`open_shard_set`."""
     from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
 
+    from prx_assets.core.publish.streaming_shm import clean_stale_streaming_shm
     from prx_assets.loader import streaming_endpoint
 
-    clean_stale_shared_memory()
+    clean_stale_streaming_shm()
     if is_remote(uri):
         split_object_uri(uri)
         streaming_endpoint()
@@ -532,11 +532,10 @@ def open_shard_set(manifest: ShardSetManifest | str, cache: str | None = None, *
     ``batch_size`` defaults to 1 (iterating it directly); pass the DataLoader's when training.
     """
     kwargs.setdefault("batch_size", 1)
-    from streaming.base.util import clean_stale_shared_memory
-
+    from prx_assets.core.publish.streaming_shm import clean_stale_streaming_shm
     from prx_assets.loader import PrxStreamingDataset
 
-    clean_stale_shared_memory()
+    clean_stale_streaming_shm()
     return PrxStreamingDataset(shard_sets=[manifest], cache_root=cache, **kwargs)
 
 

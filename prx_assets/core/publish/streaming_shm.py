@@ -1,0 +1,89 @@
+"""MosaicML streaming's leaked shared memory, cleaned without touching datasets still in use.
+
+Every ``StreamingDataset`` registers a numbered prefix of POSIX shared-memory segments
+(``/dev/shm/000000_locals``, ``000000_epoch_data``, ...). A process that dies without closing its
+dataset leaves them behind: RAM that stays allocated until someone unlinks it (the epoch's sample
+ids alone are 8 bytes a sample). Streaming's own ``clean_stale_shared_memory()`` unlinks *every*
+segment of every prefix, including those of a training job that is still running on the same
+node, whose workers then attach to a newer dataset's segments of the same name. This module
+unlinks only what no live process maps.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+PROC = Path("/proc")
+#: Segments younger than this are left alone: a dataset may be creating them right now (the
+#: segment exists a moment before its creator maps it).
+MIN_AGE_S = 60.0
+
+
+def mapped_shm_names(proc: Path = PROC) -> set[str] | None:
+    """The ``/dev/shm`` names that some live process maps (from ``/proc/<pid>/maps``), or ``None``
+    where there is no ``/proc`` to ask (not Linux). Processes whose maps cannot be read (another
+    user's) are skipped: their segments are not ours to unlink either."""
+    if not (proc / "self" / "maps").exists():
+        return None
+    names: set[str] = set()
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "maps"), encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:  # gone, or not ours
+            continue
+        if "/dev/shm/" not in text:
+            continue
+        for line in text.splitlines():
+            at = line.find("/dev/shm/")
+            if at >= 0:
+                names.add(line[at + len("/dev/shm/"):].removesuffix(" (deleted)"))
+    return names
+
+
+def is_streaming_segment(name: str, kinds: frozenset[str]) -> bool:
+    """Whether ``name`` is one of streaming's segments: a 6-digit prefix, ``_``, a known kind.
+
+    >>> is_streaming_segment("000012_epoch_data", frozenset({"epoch_data"}))
+    True
+    >>> is_streaming_segment("psm_1a2b", frozenset({"epoch_data"}))
+    False
+    """
+    prefix, sep, kind = name.partition("_")
+    return bool(sep) and len(prefix) == 6 and prefix.isdigit() and kind in kinds
+
+
+def clean_stale_streaming_shm(shm_dir: Path = SHM_DIR, proc: Path = PROC, min_age_s: float = MIN_AGE_S) -> list[str]:
+    """Unlink streaming's shared-memory segments that no live process maps and that are older than
+    ``min_age_s``; return their names. Where ``/proc`` or ``/dev/shm`` is missing nothing is
+    removed: a leaked prefix there costs memory, never an error (a new dataset takes the next free
+    prefix)."""
+    from streaming.base.constant import SHM_TO_CLEAN
+
+    kinds = frozenset(SHM_TO_CLEAN)
+    if not shm_dir.is_dir():
+        return []
+    candidates = [e for e in os.scandir(shm_dir) if is_streaming_segment(e.name, kinds)]
+    if not candidates:
+        return []
+    mapped = mapped_shm_names(proc)
+    if mapped is None:
+        return []
+    removed = []
+    now = time.time()
+    for entry in candidates:
+        if entry.name in mapped:
+            continue
+        try:
+            if now - entry.stat().st_mtime < min_age_s:
+                continue
+            os.unlink(entry.path)
+        except (FileNotFoundError, PermissionError):  # gone already, or another user's
+            continue
+        removed.append(entry.name)
+    return removed

@@ -1,0 +1,63 @@
+"""Streaming's leaked shared memory is cleaned; a live dataset's is not."""
+
+import doctest
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prx_assets.core.publish import streaming_shm
+from prx_assets.core.publish.streaming_shm import SHM_DIR, clean_stale_streaming_shm, mapped_shm_names
+
+pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir() or not Path("/proc/self/maps").exists(),
+                                reason="needs Linux /dev/shm and /proc")
+
+
+def _segment(name: str, keep_mapped: bool) -> shared_memory.SharedMemory | None:
+    """A POSIX segment named like streaming's; closed (as a dead process leaves it) unless kept."""
+    shm = shared_memory.SharedMemory(name=name, create=True, size=64)
+    resource_tracker.unregister(shm._name, "shared_memory")
+    if keep_mapped:
+        return shm
+    shm.close()
+    return None
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(streaming_shm).failed == 0
+
+
+def test_only_segments_no_live_process_maps_are_unlinked(tmp_path: Path) -> None:
+    base = 900000 + (np.random.default_rng().integers(0, 99_000))
+    live, leaked = f"{base:06}_epoch_data", f"{base + 1:06}_epoch_data"
+    other = f"prx-test-{base}"  # not streaming's: never touched
+    kept = _segment(live, keep_mapped=True)
+    _segment(leaked, keep_mapped=False)
+    _segment(other, keep_mapped=False)
+    try:
+        assert live in (mapped_shm_names() or set()) and leaked not in (mapped_shm_names() or set())
+        assert clean_stale_streaming_shm() == []  # both are younger than the creation grace period
+        removed = clean_stale_streaming_shm(min_age_s=0)
+        assert leaked in removed and live not in removed and other not in removed
+        assert (SHM_DIR / live).exists() and not (SHM_DIR / leaked).exists() and (SHM_DIR / other).exists()
+    finally:
+        assert kept is not None
+        kept.close()
+        for name in (live, leaked, other):
+            (SHM_DIR / name).unlink(missing_ok=True)
+
+
+def test_a_live_streaming_dataset_keeps_its_segments(tmp_path: Path) -> None:
+    """What streaming's own cleaner would unlink while the dataset is in use is kept."""
+    from streaming import MDSWriter, StreamingDataset
+
+    out = tmp_path / "mds"
+    with MDSWriter(out=str(out), columns={"x": "int"}) as w:
+        for i in range(8):
+            w.write({"x": i})
+    ds = StreamingDataset(local=str(out), batch_size=2, shuffle=False)
+    mine = {p.name for p in SHM_DIR.iterdir()} & (mapped_shm_names() or set())
+    assert any(n.endswith("_locals") for n in mine)
+    assert not set(clean_stale_streaming_shm(min_age_s=0)) & mine
+    assert sorted(s["x"] for s in ds) == list(range(8))  # still usable
