@@ -7,6 +7,10 @@ ids alone are 8 bytes a sample). Streaming's own ``clean_stale_shared_memory()``
 segment of every prefix, including those of a training job that is still running on the same
 node, whose workers then attach to a newer dataset's segments of the same name. This module
 unlinks only what no live process maps.
+
+It sees the processes of its own PID namespace: containers that share ``/dev/shm`` with each
+other (``--ipc=host``) but not their process tables would see each other's live segments as
+unmapped. Give each container its own ``/dev/shm`` (the default in Docker and Kubernetes).
 """
 
 from __future__ import annotations
