@@ -506,6 +506,17 @@ def test_a_job_still_queued_or_running_is_never_submitted_twice(slurm_cluster: N
             slurm.pipes_client().run(context=dg.build_asset_context(), module="prx_assets.training.train",
                                      job_name=name)
         assert [p.name for p in (tmp_path / "jobs").glob(f"{name}-*")] == [f"{name}-ours00"]  # no second job
+        # With only the other project's job left, the guard lets this project's job through: its
+        # folder is made (the bare test context then stops the Pipes session before any sbatch).
+        subprocess.run(["scancel", ids["ours"]], check=False)
+        deadline = time.time() + 60
+        while any(j["job_id"] == ids["ours"] for j in slurm.executor().queue()) and time.time() < deadline:
+            time.sleep(0.3)
+        with pytest.raises(Exception) as passed:  # anything but the refusal
+            slurm.pipes_client().run(context=dg.build_asset_context(), module="prx_assets.training.train",
+                                     job_name=name)
+        assert "already" not in str(passed.value), passed.value
+        assert len(list((tmp_path / "jobs").glob(f"{name}-*"))) == 2
     finally:
         subprocess.run(["scancel", *ids.values()], check=False)
 
