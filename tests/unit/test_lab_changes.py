@@ -328,3 +328,146 @@ def test_changed_rows_scan_only_fragments_written_since(tmp_path: Path) -> None:
     assert sorted(got.column("image_id").to_pylist()) == ["0-005", "2-042"] and stats == [1]
     assert set(got.column("value").to_pylist()) == {"new"}
     assert fragments_since(src, since + 50) is None  # not there: the caller scans every fragment
+
+
+def test_a_new_batchs_columns_are_written_in_place_without_a_merge(lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captions and vectors of a fragment whose rows all changed go the column path: each fragment
+    joins its own rows by row id, one commit per column, no ``merge_insert`` (whose key scan grows
+    with the table); the JPEG files stay, the matched rows' versions move, the others' do not, and
+    a fragment with a deleted row keeps it deleted."""
+    root, rows = lab
+    cap, emb = caption_column("c-1"), embedding_column("e-1")
+    sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    images = _images(root)
+    frag0 = images.get_fragments()[0]
+    ids0 = frag0.to_table(columns=["image_id"]).column(0).to_pylist()
+    images.delete(f"image_id = '{ids0[0]}'")  # a deletion inside the fragment about to change
+    jpeg_files = jpeg_data_files(_images(root))
+    merges: list[int] = []
+    real = lance.LanceDataset.merge_insert
+    monkeypatch.setattr(lance.LanceDataset, "merge_insert",
+                        lambda self, *a, **kw: merges.append(1) or real(self, *a, **kw))
+    commits: list[str] = []
+    real_commit = lance.LanceDataset.commit
+    monkeypatch.setattr(lance.LanceDataset, "commit", staticmethod(
+        lambda base, op, *a, **kw: commits.append(type(op).__name__) or real_commit(base, op, *a, **kw)))
+    changed = [r for r in rows if r["image_id"] in ids0[1:]]
+    add_captions(root, changed, "c-1", "a new batch caption")
+    vecs = np.zeros((len(changed), DIM), np.float32)
+    vecs[:, -1] = 1.0
+    add_embeddings(root, changed, "e-1", vecs)
+    before = {r["image_id"]: r["_row_last_updated_at_version"] for r in _images(root).to_table(
+        columns=["image_id", "_row_last_updated_at_version"]).to_pylist()}
+    merges.clear()
+    commits.clear()
+    res = sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    assert res.rows_updated == {cap: len(changed), emb: len(changed)}
+    assert merges == [] and commits == ["Update", "Update"]
+    assert jpeg_data_files(_images(root)) == jpeg_files
+    after = _images(root).to_table(columns=["image_id", cap, emb, "_row_last_updated_at_version"]).to_pylist()
+    assert len(after) == 11 and ids0[0] not in {r["image_id"] for r in after}
+    for r in after:
+        if r["image_id"] in ids0:
+            assert r[cap].startswith("a new batch caption") and r[emb][-1] == 1.0
+            assert r["_row_last_updated_at_version"] > before[r["image_id"]]
+        else:
+            assert r[cap].startswith("a photo") and r["_row_last_updated_at_version"] == before[r["image_id"]]
+    hits = _images(root).to_table(columns=["image_id"], filter=f"{cap} = '{after[0][cap]}'")
+    assert hits.num_rows == sum(r[cap] == after[0][cap] for r in after)  # the caption index sees the new values
+
+
+def test_a_conflicting_commit_falls_back_to_the_merge_by_key(lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A concurrent writer deletes a row of the fragments being rewritten in place, between the read
+    and the commit: Lance refuses the in-place commit (a real ``CommitConflictError``), and the rows
+    are written by key (``merge_insert``) instead, with the same result. Any other commit error is
+    raised."""
+    from lance.commit import CommitConflictError
+
+    from prx_assets.core.lab import changes
+
+    root, rows = lab
+    cap = caption_column("c-1")
+    sync_lab(root, captioner_ids=["c-1"])
+    gone = sorted(r["image_id"] for r in rows)[0]
+    real_commit = lance.LanceDataset.commit
+    conflicts: list[str] = []
+
+    def racing(base: object, op: object, *a: object, **kw: object) -> lance.LanceDataset:
+        if isinstance(op, lance.LanceOperation.Update) and not conflicts:
+            _images(root).delete(f"image_id = '{gone}'")  # another process, between read and commit
+            try:
+                return real_commit(base, op, *a, **kw)
+            except CommitConflictError as e:
+                conflicts.append(str(e))
+                raise
+        return real_commit(base, op, *a, **kw)
+
+    monkeypatch.setattr(lance.LanceDataset, "commit", staticmethod(racing))
+    monkeypatch.setattr(changes, "route_by_fragment", lambda images, changed: set())  # the column path
+    add_captions(root, rows, "c-1", "after a conflict")
+    sync_lab(root, captioner_ids=["c-1"])
+    assert len(conflicts) == 1 and "conflict" in conflicts[0].lower()
+    got = _column(root, cap)
+    assert gone not in got and len(got) == len(rows) - 1
+    assert all(v.startswith("after a conflict") for v in got.values())
+
+    def refused(*a: object, **kw: object) -> None:
+        raise OSError("permission denied")
+
+    monkeypatch.setattr(lance.LanceDataset, "commit", staticmethod(refused))
+    add_captions(root, rows, "c-1", "not a conflict")
+    with pytest.raises(OSError, match="permission denied"):
+        sync_lab(root, captioner_ids=["c-1"])
+
+
+def test_a_new_batch_is_found_in_the_lab_without_a_lookup_by_key(lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Images ingested since the last sync carry their row ids from the scan of the new fragments, so
+    their captions and vectors are compared and written without looking a single id up in the lab."""
+    from prx_assets.core.lab import changes
+    from prx_assets.core.lab.schema import IMAGES_SCHEMA
+    from prx_assets.core.lab.table import replace_partition
+
+    root, rows = lab
+    cap, emb = caption_column("c-1"), embedding_column("e-1")
+    sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    fresh = _images(root).to_table(columns=IMAGES_SCHEMA.names, limit=4)
+    new_ids = [f"{0xABC0 + i:016x}" for i in range(4)]
+    fresh = fresh.set_column(fresh.schema.get_field_index("image_id"), "image_id", pa.array(new_ids)) \
+        .set_column(fresh.schema.get_field_index("batch"), "batch", pa.array(["photos-new"] * 4))
+    replace_partition(table_uri(root, "images"), IMAGES_SCHEMA, "batch", "photos-new", fresh.to_batches())
+    new_rows = [{"image_id": i, "batch": "photos-new", "sha256": f"s{i}"} for i in new_ids]
+    add_captions(root, new_rows, "c-1", "a fresh caption")
+    add_embeddings(root, new_rows, "e-1", np.eye(4, DIM, dtype=np.float32))
+    lookups: list[tuple[str, int]] = []
+    real = changes.table_by_ids
+    monkeypatch.setattr(changes, "table_by_ids",
+                        lambda ds, ids, *a, **kw: lookups.append((ds.uri, len(ids))) or real(ds, ids, *a, **kw))
+    res = sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
+    assert res.rows_updated == {cap: 4, emb: 4}
+    assert [n for uri, n in lookups if n] == []  # neither the lab nor a source looked up by key
+    caps, embs = _column(root, cap), _column(root, emb)
+    assert all(caps[i].startswith("a fresh caption") for i in new_ids)
+    assert [embs[i][k] for k, i in enumerate(new_ids)] == [1.0] * 4
+    assert all(caps[r["image_id"]].startswith("a photo") for r in rows)
+
+
+def test_rows_taken_by_a_stale_row_id_are_looked_up_by_key(lab) -> None:
+    """A row id that no longer names the image (deleted or moved since the scan) is not trusted: the
+    image is looked up by its id instead."""
+    from prx_assets.core.lab.changes import current_rows
+
+    root, _ = lab
+    cap = caption_column("c-1")
+    sync_lab(root, captioner_ids=["c-1"])
+    images = _images(root)
+    t = images.to_table(columns=["image_id", "_rowaddr"], with_row_id=True).sort_by("image_id")
+    ids = t.column("image_id").combine_chunks()
+    right, addrs = t.column("_rowid").to_pylist(), t.column("_rowaddr").to_pylist()
+    for stale in ([1, 1], [0, None]):  # another image's row (and address); a row id that is gone
+        wrong = pa.table({"image_id": ids[:2], "value": ["x", "y"],
+                          "_rowid": pa.array([10**9 if i is None else right[i] for i in stale], pa.uint64()),
+                          "_rowaddr": pa.array([0 if i is None else addrs[i] for i in stale], pa.uint64())})
+        got = current_rows(images, [wrong], ids.slice(0, 3), [cap]).sort_by("image_id")
+        assert got.column("image_id").to_pylist() == ids.slice(0, 3).to_pylist()
+        assert got.column("_rowid").to_pylist() == right[:3]
+        assert got.column("_rowaddr").to_pylist() == t.column("_rowaddr").to_pylist()[:3]

@@ -93,7 +93,10 @@ def table_by_ids(ds: lance.LanceDataset, ids: Sequence[str], columns: Sequence[s
     a chunk or a sample."""
     cols = list(dict.fromkeys([key, *columns]))
     parts = [fetch_by_ids(ds, part, cols, key=key, where=where) for part in chunks(ids, chunk)]
-    return pa.concat_tables(parts) if parts else ds.schema.empty_table().select(cols)
+    if parts:
+        return pa.concat_tables(parts)
+    return pa.schema([pa.field(c, pa.uint64()) if c in ("_rowid", "_rowaddr") else ds.schema.field(c)
+                      for c in cols]).empty_table()
 
 
 def fetch_by_ids(ds: lance.LanceDataset, ids: Sequence[str], columns: Sequence[str], *,

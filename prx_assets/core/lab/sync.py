@@ -1,10 +1,11 @@
 """The lab: the ``images`` Lance table with captions and embeddings joined in as columns.
 
 Captions (one column ``caption__<captioner id>`` per captioner) and embeddings
-(``emb__<embedder id>``) are added with Lance schema evolution: a new column is added as
-all-null metadata (``add_columns`` with a schema: no data written), then filled with a
-``merge_insert(...).write_mode("rewrite_columns")`` that writes data files for that column
-only. The JPEG bytes and every other column are never rewritten. After the first sync of a
+(``emb__<embedder id>``) are added with Lance schema evolution: a new column is filled in the
+table's row order by ``add_columns`` (one data file per fragment for that column only), and
+changed values are written per fragment (``update_columns`` joined by row id, one ``Update``
+commit) or, for a few rows of a large fragment, as whole rows. The JPEG bytes and every other
+column are never rewritten in place. After the first sync of a
 column, later syncs join only the source rows written since (Lance row versions, see
 :mod:`prx_assets.core.lab.changes`): a sync costs what changed, not what exists.
 
