@@ -442,9 +442,15 @@ def test_a_new_batch_is_found_in_the_lab_without_a_lookup_by_key(lab, monkeypatc
     real = changes.table_by_ids
     monkeypatch.setattr(changes, "table_by_ids",
                         lambda ds, ids, *a, **kw: lookups.append((ds.uri, len(ids))) or real(ds, ids, *a, **kw))
+    taken: list[list[str]] = []
+    real_take = lance.LanceDataset._take_rows
+    monkeypatch.setattr(lance.LanceDataset, "_take_rows",
+                        lambda self, ids, columns=None, **kw: taken.append(list(columns or [])) or real_take(
+                            self, ids, columns=columns, **kw))
     res = sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
     assert res.rows_updated == {cap: 4, emb: 4}
     assert [n for uri, n in lookups if n] == []  # neither the lab nor a source looked up by key
+    assert taken == [["image_id"]]  # the new fragment holds no caption or vector file: known null, not read
     caps, embs = _column(root, cap), _column(root, emb)
     assert all(caps[i].startswith("a fresh caption") for i in new_ids)
     assert [embs[i][k] for k, i in enumerate(new_ids)] == [1.0] * 4

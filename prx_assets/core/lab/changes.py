@@ -446,8 +446,13 @@ def current_rows(images: lance.LanceDataset, parts: Sequence[pa.Table], ids: pa.
     if known_t is not None and known_t.num_rows:
         _, first = np.unique(key64(known_t.column("image_id")), return_index=True)
         known_t = known_t.take(pa.array(first))
+        # columns without a data file in any of those fragments (a new batch's) are null: not read
+        empty = _columns_without_data(images, _fragment_of(known_t), columns)
         try:
-            got = images._take_rows(known_t.column("_rowid").combine_chunks(), columns=["image_id", *columns])
+            got = images._take_rows(known_t.column("_rowid").combine_chunks(),
+                                    columns=["image_id", *[c for c in columns if c not in empty]])
+            for c in empty:
+                got = got.append_column(images.schema.field(c), pa.nulls(got.num_rows, images.schema.field(c).type))
         except (OSError, ValueError, RuntimeError):
             got = None
         if got is not None and got.num_rows == known_t.num_rows:
@@ -460,6 +465,22 @@ def current_rows(images: lance.LanceDataset, parts: Sequence[pa.Table], ids: pa.
     if taken is None:
         return looked
     return pa.concat_tables([taken.select(looked.column_names).cast(looked.schema), looked])
+
+
+def _columns_without_data(images: lance.LanceDataset, fragments: np.ndarray, columns: Sequence[str]) -> set[str]:
+    """Those of ``columns`` that no data file of the given fragments holds: added to the table after
+    those rows were written and never filled there, so null in every one of their rows (read from
+    the manifest, no data)."""
+    ids = {f.name(): f.id() for f in images.lance_schema.fields()}
+    wanted = {c: ids[c] for c in columns if c in ids}
+    present: set[int] = set()
+    for fid in np.unique(fragments).tolist():
+        frag = images.get_fragment(int(fid))
+        if frag is None:
+            return set()
+        for df in frag.data_files():
+            present.update(int(f) for f in df.fields)
+    return {c for c, i in wanted.items() if i not in present}
 
 
 def changed_values(column: str, field_type: pa.DataType, values: pa.Table, current: pa.Table) -> pa.Table:
@@ -491,6 +512,8 @@ def take_rows(arr: pa.Array | pa.ChunkedArray, indices: np.ndarray) -> pa.Array:
     """
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
     idx = np.asarray(indices, dtype=np.int64)
+    if len(arr) and arr.null_count == len(arr):  # all null (a column a new batch has no values in yet)
+        return pa.nulls(len(idx), arr.type)
     if not pa.types.is_fixed_size_list(arr.type) or arr.values.null_count or not len(arr):
         return arr.take(pa.array(idx, pa.int64()))
     dim = arr.type.list_size
