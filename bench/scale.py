@@ -7,8 +7,10 @@ recall is measured down to the threshold; no pixels) are written into the projec
 versions; bulk-appended in 250k-row batches). Each figure is measured in a child process (peak
 RSS from ``getrusage``), side by side and alternating (ABAB) after a warm-up of each side:
 
-- **lab sync**: 1% of the captions and embeddings re-written, then ``sync_lab`` by change vs
-  the same change synced by a full comparison (the cursor dropped): time share and peak memory;
+- **lab sync**: 1% new images (ingested as a batch, then captioned and embedded: the issue's
+  figure, ``lab_sync_delta_share``) and 1% of the captions and embeddings re-written
+  (``PRX_BENCH_SCALE_SYNC``), each synced by change vs the same kind of change synced by a full
+  comparison (the cursor dropped): time share and peak memory per scenario under ``lab_sync``;
 - **maintenance**: the ``lance_maintenance`` job's work on the lab after the sync rounds (fragments and
   rows outside an index before and after, time, peak memory);
 - **curation**: one recipe with min side, captions, exact + pHash + embedding dedup; pHash
