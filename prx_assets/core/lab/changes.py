@@ -340,43 +340,46 @@ def _scan_since(ds: lance.LanceDataset, columns: list[str], flt: str, version: i
 
 @dataclass(frozen=True)
 class CreatedRows:
-    """Images rows created since a version, sorted by :func:`key64` of their id, with row ids and
-    addresses (24 bytes a row): a new batch's rows are then found in the lab without a lookup."""
+    """Images rows created since a version, sorted by :func:`key64` of their id, with their ids, row
+    ids and addresses (about 50 bytes a row, bounded by what was ingested since): a new batch's rows
+    are then found in the lab without a lookup."""
 
     keys: np.ndarray
+    ids: pa.Array
     rowids: np.ndarray
     addrs: np.ndarray
 
     @classmethod
     def scan(cls, images: lance.LanceDataset, since: int, chunk: int = CHANGE_CHUNK) -> CreatedRows:
         """Scan only the fragments written since ``since`` (:func:`fragments_since`)."""
-        keys, rowids, addrs = [], [], []
+        keys, ids, rowids, addrs = [], [], [], []
         flt = f"_row_created_at_version > {int(since)}"
         for batch in _scan_since(images, ["image_id"], flt, since, chunk, with_address=True):
             keys.append(key64(batch.column("image_id")))
+            ids.append(batch.column("image_id"))
             rowids.append(batch.column("_rowid").to_numpy().copy())
             addrs.append(batch.column("_rowaddr").to_numpy().copy())
         if not keys:
             empty = np.zeros(0, np.uint64)
-            return cls(empty, empty, empty)
+            return cls(empty, pa.array([], pa.string()), empty, empty)
         k = np.concatenate(keys)
         order = np.argsort(k, kind="stable")
-        return cls(k[order], np.concatenate(rowids)[order].astype(np.uint64),
-                   np.concatenate(addrs)[order].astype(np.uint64))
+        return cls(k[order], pa.concat_arrays(ids).take(pa.array(order)),
+                   np.concatenate(rowids)[order].astype(np.uint64), np.concatenate(addrs)[order].astype(np.uint64))
 
     def attach(self, t: pa.Table) -> pa.Table:
-        """``t`` (``image_id`` first) with ``_rowid``/``_rowaddr`` of the ids found here (null elsewhere)."""
+        """``t`` (``image_id`` first) with ``_rowid``/``_rowaddr`` of the ids found here (null elsewhere;
+        an id that merely shares a key is caught where the row is read: :func:`current_rows`)."""
         if not len(self.keys):
             return t
         k = key64(t.column("image_id"))
         at = np.minimum(np.searchsorted(self.keys, k), len(self.keys) - 1)
-        hit = self.keys[at] == k
-        mask = ~hit
+        mask = self.keys[at] != k
         return t.append_column("_rowid", pa.array(self.rowids[at], pa.uint64(), mask=mask)) \
             .append_column("_rowaddr", pa.array(self.addrs[at], pa.uint64(), mask=mask))
 
     def missing(self, seen: np.ndarray) -> np.ndarray:
-        """Positions of the created rows whose key is not in the sorted ``seen``."""
+        """Positions of the created rows whose key is not in ``seen``."""
         if not len(seen):
             return np.arange(len(self.keys))
         return np.flatnonzero(~np.isin(self.keys, seen))
@@ -403,17 +406,11 @@ def changed_rows(source: lance.LanceDataset, value: str, where: str | None, sinc
             yield t
     if created is None or not len(created.keys):
         return
-    # Created images without a source row written since: their older row, looked up by id. The
-    # project's ids are 16 hex digits, so a key written back in hex is the id.
+    # Created images without a source row written since: their older row, looked up by id.
     rest = created.missing(np.unique(np.concatenate(yielded)) if yielded else np.zeros(0, np.uint64))
     older = where_all(where, f"_row_last_updated_at_version <= {int(since)}")
     for a in range(0, len(rest), chunk):
-        keys = created.keys[rest[a:a + chunk]]
-        ids = [f"{int(k):016x}" for k in keys]
-        found = key64(pa.array(ids)) == keys
-        if not found.all():  # ids of another form: find them among the created rows' ids
-            ids = [i for i, f in zip(ids, found, strict=True) if f] + _ids_with_keys(
-                images, f"_row_created_at_version > {int(images_since)}", np.sort(keys[~found]))
+        ids = created.ids.take(pa.array(rest[a:a + chunk])).to_pylist()
         t = table_by_ids(source, ids, [value], chunk=LOOKUP_CHUNK, where=older)
         if t.num_rows:
             yield created.attach(t.rename_columns(["image_id", "value"]))
