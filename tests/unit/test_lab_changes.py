@@ -450,7 +450,7 @@ def test_a_new_batch_is_found_in_the_lab_without_a_lookup_by_key(lab, monkeypatc
     res = sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
     assert res.rows_updated == {cap: 4, emb: 4}
     assert [n for uri, n in lookups if n] == []  # neither the lab nor a source looked up by key
-    assert taken == [["image_id"]]  # the new fragment holds no caption or vector file: known null, not read
+    assert taken == [["image_id", "_rowaddr"]]  # the new fragment holds no caption or vector file: not read
     caps, embs = _column(root, cap), _column(root, emb)
     assert all(caps[i].startswith("a fresh caption") for i in new_ids)
     assert [embs[i][k] for k, i in enumerate(new_ids)] == [1.0] * 4
@@ -477,3 +477,25 @@ def test_rows_taken_by_a_stale_row_id_are_looked_up_by_key(lab) -> None:
         assert got.column("image_id").to_pylist() == ids.slice(0, 3).to_pylist()
         assert got.column("_rowid").to_pylist() == right[:3]
         assert got.column("_rowaddr").to_pylist() == t.column("_rowaddr").to_pylist()[:3]
+
+
+def test_a_row_moved_earlier_in_the_sync_is_written_where_it_now_lives(lab) -> None:
+    """A new batch's row rewritten whole by an earlier write (moved to a new fragment, same stable
+    row id) is read with its address as the lab has it now, so the column path writes that fragment
+    and not the one the row left."""
+    from prx_assets.core.lab.changes import current_rows
+
+    root, _ = lab
+    cap = caption_column("c-1")
+    sync_lab(root, captioner_ids=["c-1"])
+    images = _images(root)
+    before = images.to_table(columns=["image_id", "_rowaddr"], with_row_id=True).sort_by("image_id")
+    moved = before.column("image_id")[0].as_py()
+    images.merge_insert("image_id").when_matched_update_all().use_index(False).execute(
+        images.to_table(filter=f"image_id = '{moved}'"))
+    images = _images(root)
+    now = images.to_table(columns=["image_id", "_rowaddr"], with_row_id=True, filter=f"image_id = '{moved}'")
+    assert now.column("_rowid")[0] == before.column("_rowid")[0] and now.column("_rowaddr")[0] != before.column("_rowaddr")[0]
+    part = pa.table({"image_id": [moved], "value": ["x"], "_rowid": pa.array([now.column("_rowid")[0].as_py()], pa.uint64())})
+    got = current_rows(images, [part], pa.array([moved]), [cap])
+    assert got.column("_rowaddr").to_pylist() == now.column("_rowaddr").to_pylist()

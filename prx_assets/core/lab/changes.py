@@ -327,56 +327,50 @@ def fragments_since(ds: lance.LanceDataset, version: int) -> list[Any] | None:
 
 
 def _scan_since(ds: lance.LanceDataset, columns: list[str], flt: str, version: int, chunk: int,
-                with_address: bool = False) -> Iterator[pa.RecordBatch]:
+                with_row_id: bool = False) -> Iterator[pa.RecordBatch]:
     """Batches of ``ds`` matching ``flt`` (a filter on row versions after ``version``), scanning only
-    the fragments that can hold such rows (:func:`fragments_since`): the scan costs what changed.
-    ``with_address`` adds ``_rowid`` and ``_rowaddr``."""
+    the fragments that can hold such rows (:func:`fragments_since`): the scan costs what changed."""
     fragments = fragments_since(ds, version)
     if fragments is not None and not fragments:
         return
     yield from ds.scanner(columns=columns, filter=flt, batch_size=chunk, fragments=fragments,
-                          with_row_id=with_address, with_row_address=with_address).to_batches()
+                          with_row_id=with_row_id).to_batches()
 
 
 @dataclass(frozen=True)
 class CreatedRows:
-    """Images rows created since a version, sorted by :func:`key64` of their id, with their ids, row
-    ids and addresses (about 50 bytes a row, bounded by what was ingested since): a new batch's rows
-    are then found in the lab without a lookup."""
+    """Images rows created since a version, sorted by :func:`key64` of their id, with their ids and
+    stable row ids (about 40 bytes a row, bounded by what was ingested since): a new batch's rows are
+    then found in the lab without a lookup by key."""
 
     keys: np.ndarray
     ids: pa.Array
     rowids: np.ndarray
-    addrs: np.ndarray
 
     @classmethod
     def scan(cls, images: lance.LanceDataset, since: int, chunk: int = CHANGE_CHUNK) -> CreatedRows:
         """Scan only the fragments written since ``since`` (:func:`fragments_since`)."""
-        keys, ids, rowids, addrs = [], [], [], []
+        keys, ids, rowids = [], [], []
         flt = f"_row_created_at_version > {int(since)}"
-        for batch in _scan_since(images, ["image_id"], flt, since, chunk, with_address=True):
+        for batch in _scan_since(images, ["image_id"], flt, since, chunk, with_row_id=True):
             keys.append(key64(batch.column("image_id")))
             ids.append(batch.column("image_id"))
             rowids.append(batch.column("_rowid").to_numpy().copy())
-            addrs.append(batch.column("_rowaddr").to_numpy().copy())
         if not keys:
-            empty = np.zeros(0, np.uint64)
-            return cls(empty, pa.array([], pa.string()), empty, empty)
+            return cls(np.zeros(0, np.uint64), pa.array([], pa.string()), np.zeros(0, np.uint64))
         k = np.concatenate(keys)
         order = np.argsort(k, kind="stable")
         return cls(k[order], pa.concat_arrays(ids).take(pa.array(order)),
-                   np.concatenate(rowids)[order].astype(np.uint64), np.concatenate(addrs)[order].astype(np.uint64))
+                   np.concatenate(rowids)[order].astype(np.uint64))
 
     def attach(self, t: pa.Table) -> pa.Table:
-        """``t`` (``image_id`` first) with ``_rowid``/``_rowaddr`` of the ids found here (null elsewhere;
-        an id that merely shares a key is caught where the row is read: :func:`current_rows`)."""
+        """``t`` (``image_id`` first) with the ``_rowid`` of the ids found here (null elsewhere; an id
+        that merely shares a key is caught where the row is read: :func:`current_rows`)."""
         if not len(self.keys):
             return t
         k = key64(t.column("image_id"))
         at = np.minimum(np.searchsorted(self.keys, k), len(self.keys) - 1)
-        mask = self.keys[at] != k
-        return t.append_column("_rowid", pa.array(self.rowids[at], pa.uint64(), mask=mask)) \
-            .append_column("_rowaddr", pa.array(self.addrs[at], pa.uint64(), mask=mask))
+        return t.append_column("_rowid", pa.array(self.rowids[at], pa.uint64(), mask=self.keys[at] != k))
 
     def missing(self, seen: np.ndarray) -> np.ndarray:
         """Positions of the created rows whose key is not in ``seen``."""
@@ -387,14 +381,16 @@ class CreatedRows:
 
 def changed_rows(source: lance.LanceDataset, value: str, where: str | None, since: int,
                  images: lance.LanceDataset, images_since: int | None,
-                 chunk: int = CHANGE_CHUNK) -> Iterator[pa.Table]:
+                 chunk: int = CHANGE_CHUNK, created: CreatedRows | None = None) -> Iterator[pa.Table]:
     """``image_id``/``value`` tables (at most ``chunk`` rows each) of the source rows to re-join:
     written since version ``since``, plus the source rows of images created since ``images_since``
     that have no newer row (an image deleted and ingested again gets its caption back). Only
     fragments written since those versions are scanned (see :func:`fragments_since`). Rows of
-    images created since carry their lab ``_rowid``/``_rowaddr`` (null for the others), so a new
-    batch's rows are compared and written without a lookup by key."""
-    created = CreatedRows.scan(images, images_since, chunk) if images_since is not None else None
+    images created since carry their lab ``_rowid`` (null for the others), so a new batch's rows
+    are compared and written without a lookup by key. ``created``: that scan, when the caller
+    shares one between columns."""
+    if created is None and images_since is not None:
+        created = CreatedRows.scan(images, images_since, chunk)
     flt = where_all(where, f"_row_last_updated_at_version > {int(since)}")
     yielded: list[np.ndarray] = []  # keys of the rows yielded (8 bytes each)
     for batch in _scan_since(source, ["image_id", value], flt, since, chunk):
@@ -434,29 +430,32 @@ def compare_and_write(images: lance.LanceDataset, values: dict[str, tuple[pa.Dat
 def current_rows(images: lance.LanceDataset, parts: Sequence[pa.Table], ids: pa.Array,
                  columns: list[str]) -> pa.Table:
     """The lab's ``image_id``, ``columns``, ``_rowaddr`` and ``_rowid`` for ``ids``: rows whose row
-    id the parts carry (a new batch's, from :class:`CreatedRows`) are taken by row id; the others
-    are looked up by key. A taken row whose id differs (deleted or moved since) is looked up too."""
-    known = [t.select(["image_id", "_rowid", "_rowaddr"]).filter(pc.is_valid(t.column("_rowid")))
+    id the parts carry (a new batch's, from :class:`CreatedRows`) are taken by row id, with their
+    address as the lab has it now (an earlier write of this sync may have moved them); the others
+    are looked up by key. A taken row whose id differs (deleted since) is looked up too."""
+    known = [t.select(["image_id", "_rowid"]).filter(pc.is_valid(t.column("_rowid")))
              for t in parts if "_rowid" in t.column_names]
     known_t = pa.concat_tables(known).combine_chunks() if known else None
     taken = None
     if known_t is not None and known_t.num_rows:
         _, first = np.unique(key64(known_t.column("image_id")), return_index=True)
         known_t = known_t.take(pa.array(first))
-        # columns without a data file in any of those fragments (a new batch's) are null: not read
-        empty = _columns_without_data(images, _fragment_of(known_t), columns)
+        rowids = known_t.column("_rowid").combine_chunks()
         try:
-            got = images._take_rows(known_t.column("_rowid").combine_chunks(),
-                                    columns=["image_id", *[c for c in columns if c not in empty]])
-            for c in empty:
-                got = got.append_column(images.schema.field(c), pa.nulls(got.num_rows, images.schema.field(c).type))
+            got = images._take_rows(rowids, columns=["image_id", "_rowaddr"])
+            if got.num_rows == known_t.num_rows:
+                # columns without a data file in any of those fragments (a new batch's) are null: not read
+                empty = _columns_without_data(images, _fragment_of(got), columns)
+                wanted = [c for c in columns if c not in empty]
+                values = images._take_rows(rowids, columns=wanted) if wanted else pa.table({})
+                for c in columns:
+                    f = images.schema.field(c)
+                    got = got.append_column(f, values.column(c) if c in wanted else pa.nulls(got.num_rows, f.type))
         except (OSError, ValueError, RuntimeError):
             got = None
         if got is not None and got.num_rows == known_t.num_rows:
             same = pc.equal(got.column("image_id"), known_t.column("image_id"))
-            got = got.append_column("_rowaddr", known_t.column("_rowaddr")) \
-                .append_column("_rowid", known_t.column("_rowid"))
-            taken = got.filter(pc.fill_null(same, False))
+            taken = got.append_column("_rowid", rowids).filter(pc.fill_null(same, False))
     lookup = ids if taken is None else ids.filter(pc.invert(pc.is_in(ids, value_set=taken.column("image_id"))))
     looked = table_by_ids(images, lookup.to_pylist(), [*columns, "_rowaddr", "_rowid"])
     if taken is None:

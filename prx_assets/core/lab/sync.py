@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.faults import crash_point
 from prx_assets.core.lab.changes import (
+    CreatedRows,
     SyncState,
     changed_rows,
     compare_and_write,
@@ -307,11 +308,14 @@ def _sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None, embedder_ids:
         if emb is not None:
             jobs.append((emb, embedding_column(eid), emb.schema.field("embedding").type, "embedding", None))
     deferred: list[tuple[str, pa.DataType, Iterator[pa.Table]]] = []
+    created: CreatedRows | None = None  # images created since the last sync: one scan for every column
     for source, col, field_type, value, where in jobs:
         since = cursor_for(state, col, source, images) if col in images.schema.names else None
         if since is not None:  # by change: compared and written together with the other columns' changes
+            if created is None and state.images_version is not None:
+                created = CreatedRows.scan(images, state.images_version)
             deferred.append((col, field_type, changed_rows(source, value, where, since, images,
-                                                           state.images_version)))
+                                                           state.images_version, created=created)))
             out.modes[col] = "changes"
             synced.columns[col] = source.version
             continue
