@@ -107,19 +107,24 @@ def _train(spec: str, text_model: str | None, out: Path, steps: int, precomputed
 
 # ---------------------------------------------------------------------------------- trainer
 
+# 100 steps, not 40: the demo's image ids (so the shard order) differ per run, and over 40 steps the
+# last-window loss fell to 0.82-0.91 of the first (one CI run missed 0.9); at 120 steps 0.56-0.57.
+TRAIN_STEPS = 100
+
+
 def test_loss_decreases_on_the_demo_shards(trained_demo: dict[str, Any], tmp_path: Path) -> None:
-    m = _train(trained_demo["spec_uri"], trained_demo["models"]["text"], tmp_path / "s.json", steps=40)
-    assert m["steps"] == 40 and m["mode"] == "on_the_fly"
+    m = _train(trained_demo["spec_uri"], trained_demo["models"]["text"], tmp_path / "s.json", steps=TRAIN_STEPS)
+    assert m["steps"] == TRAIN_STEPS and m["mode"] == "on_the_fly"
     assert m["loss_last"] < 0.9 * m["loss_first"], m["loss_curve"]
     assert 0 < m["text_encode_fraction"] < 1
     seen = json.loads((tmp_path / "s.json").read_text())
-    assert len(seen) == 40 * 4
+    assert len(seen) == TRAIN_STEPS * 4
     keys = {k for _, k in seen}
     assert keys == {"caption", "caption_detailed", "caption_short"}  # both streams, the mix drawn per sample
 
 
 def test_bf16_autocast_trains_and_reports_model_flops(trained_demo: dict[str, Any], tmp_path: Path) -> None:
-    m = _train(trained_demo["spec_uri"], trained_demo["models"]["text"], tmp_path / "s.json", steps=40,
+    m = _train(trained_demo["spec_uri"], trained_demo["models"]["text"], tmp_path / "s.json", steps=TRAIN_STEPS,
                extra=("--precision", "bf16", "--peak-tflops", "1.5"))
     assert m["precision"] == "bf16 autocast" and m["loss_last"] < 0.9 * m["loss_first"], m["loss_curve"]
     assert m["model_tflops_per_second"] > 0 and m["peak_tflops_per_device"] == 1.5
