@@ -447,8 +447,13 @@ def test_a_new_batch_is_found_in_the_lab_without_a_lookup_by_key(lab, monkeypatc
     monkeypatch.setattr(lance.LanceDataset, "_take_rows",
                         lambda self, ids, columns=None, **kw: taken.append(list(columns or [])) or real_take(
                             self, ids, columns=columns, **kw))
+    read: list[list[str]] = []
+    real_current = changes.current_rows
+    monkeypatch.setattr(changes, "current_rows", lambda *a, **kw: (
+        lambda t: read.append(t.column_names) or t)(real_current(*a, **kw)))
     res = sync_lab(root, captioner_ids=["c-1"], embedder_ids=["e-1"])
     assert res.rows_updated == {cap: 4, emb: 4}
+    assert read == [["image_id", "_rowaddr", "_rowid"]]  # known null: no column of nulls built
     assert [n for uri, n in lookups if n] == []  # neither the lab nor a source looked up by key
     assert taken == [["image_id", "_rowaddr"]]  # the new fragment holds no caption or vector file: not read
     caps, embs = _column(root, cap), _column(root, emb)
@@ -499,3 +504,23 @@ def test_a_row_moved_earlier_in_the_sync_is_written_where_it_now_lives(lab) -> N
     part = pa.table({"image_id": [moved], "value": ["x"], "_rowid": pa.array([now.column("_rowid")[0].as_py()], pa.uint64())})
     got = current_rows(images, [part], pa.array([moved]), [cap])
     assert got.column("_rowaddr").to_pylist() == now.column("_rowaddr").to_pylist()
+
+
+def test_changed_values_match_by_key_in_any_order() -> None:
+    """Values are matched to the lab's rows by 64-bit key in any order and for ids of any form; an id
+    twice in the lab pairs with each row; a column absent from ``current`` (known null) makes every
+    non-null value a change and no null one."""
+    from prx_assets.core.lab.changes import changed_values
+
+    ids = ["00000000000000a1", "00000000000000b2", "not-a-hex-id", "00000000000000c3"]
+    values = pa.table({"image_id": ids, "value": ["x", "y", None, "w"]})
+    current = pa.table({"image_id": [ids[3], ids[1], ids[2], ids[0], ids[3]], "c": ["w", "old", "z", None, "old"],
+                        "_rowid": pa.array([3, 1, 2, 0, 9], pa.uint64())})
+    got = changed_values("c", pa.string(), values, current)
+    assert list(zip(got.column("image_id").to_pylist(), got.column("c").to_pylist(),
+                    got.column("_rowid").to_pylist(), strict=True)) == [
+        (ids[0], "x", 0), (ids[1], "y", 1), (ids[2], None, 2), (ids[3], "w", 9)]
+    unknown = changed_values("c", pa.string(), values, current.drop_columns(["c"]))
+    assert sorted(unknown.column("_rowid").to_pylist()) == [0, 1, 3, 9]  # the null value is no change
+    outside = changed_values("c", pa.string(), values, current.slice(1, 1))
+    assert outside.column("image_id").to_pylist() == [ids[1]]  # ids not in the lab are not written

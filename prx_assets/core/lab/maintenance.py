@@ -12,7 +12,7 @@ from typing import Any
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lab.table import open_table
+from prx_assets.core.lab.table import index_coverage, open_table
 from prx_assets.core.leases import LAB_LEASE, Lease
 
 
@@ -60,7 +60,7 @@ MAX_COMPACTION_BYTES = 16 * 1024**3
 
 @dataclass
 class TableHealth:
-    """What maintenance bounds, read from a table's manifest and index statistics (no data scan)."""
+    """What maintenance bounds, read from a table's manifest (no data or index file read)."""
 
     table: str
     version: int
@@ -92,14 +92,10 @@ def table_health(root: DataRoot, name: str) -> TableHealth | None:
     ds = open_table(root.join(layout.table(name)), root.storage_options())
     if ds is None:
         return None
-    unindexed, segments = 0, 1
-    for ix in ds.describe_indices():
-        segments = max(segments, len(getattr(ix, "segments", None) or [None]))
-        try:
-            unindexed = max(unindexed, int(ds.stats.index_stats(ix.name).get("num_unindexed_rows", 0)))
-        except (KeyError, ValueError, RuntimeError):  # an index Lance cannot describe counts as covering nothing
-            unindexed = ds.count_rows()
     fragments = ds.get_fragments()
+    coverage = index_coverage(ds, fragments)
+    unindexed = max((ix["unindexed_rows"] for ix in coverage), default=0)
+    segments = max((ix["segments"] for ix in coverage), default=1)
     return TableHealth(table=name, version=ds.version, rows=ds.count_rows(), fragments=len(fragments),
                        unindexed_rows=unindexed, segments=segments,
                        compactable=len(fragments) - len(settled_fragments(fragments)))

@@ -44,7 +44,7 @@ from prx_assets.core.lab.changes import (
 )
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, embeddings_table
 from prx_assets.core.lab.sql import where_eq
-from prx_assets.core.lab.table import dataset_size, open_table, table_uri
+from prx_assets.core.lab.table import dataset_size, index_coverage, open_table, table_uri
 from prx_assets.core.leases import LAB_LEASE, Lease
 
 #: A full comparison writes the differences it has gathered once they hold this many bytes.
@@ -180,8 +180,7 @@ FOLD_ABOVE_ROWS = 1_000_000
 
 
 def ensure_indexes(ds: lance.LanceDataset, vector_index_min_rows: int = 10_000,
-                   fold_above: float = FOLD_ABOVE, coverage_cache: dict[int, list[dict[str, Any]]] | None = None
-                   ) -> list[str]:
+                   fold_above: float = FOLD_ABOVE) -> list[str]:
     """Create missing indexes, then fold unindexed rows into the existing indexes that have more
     than ``fold_above`` of the rows (or ``FOLD_ABOVE_ROWS``) unindexed, each as a new delta segment
     over those rows only (0.38 s for 30,000 rows into 14 indexes of a 1M-row lab, against 13.2 s to
@@ -212,7 +211,7 @@ def ensure_indexes(ds: lance.LanceDataset, vector_index_min_rows: int = 10_000,
                             num_sub_vectors=sub, metric="cosine")
             created.append(f"{col}:IVF_PQ")
     bound = min(fold_above * rows, FOLD_ABOVE_ROWS)
-    stale = [ix["name"] for ix in index_coverage(ds, coverage_cache) if ix["name"] not in created_names(ds, created)
+    stale = [ix["name"] for ix in index_coverage(ds) if ix["name"] not in created_names(ds, created)
              and ix["unindexed_rows"] > bound]
     if stale:  # index the rows written since, as a new delta segment (merging rewrites the whole index)
         ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=0)
@@ -223,31 +222,6 @@ def created_names(ds: lance.LanceDataset, created: Sequence[str]) -> set[str]:
     """Index names of the ``column:KIND`` entries just created (they are current)."""
     cols = {c.split(":", 1)[0] for c in created}
     return {ix.name for ix in ds.describe_indices() if set(ix.field_names) <= cols}
-
-
-def index_coverage(ds: lance.LanceDataset, cache: dict[int, list[dict[str, Any]]] | None = None
-                   ) -> list[dict[str, Any]]:
-    """Per index: name, type, columns, indexed and unindexed row counts. With ``cache`` (one
-    caller's, for one table: a sync reads the coverage to decide on folds and again for its
-    metadata, 14 index statistics each, 0.3 s at 10M rows), a version already read is not read
-    again (a version's manifest never changes)."""
-    if cache is None:
-        return _index_coverage(ds)
-    if ds.version not in cache:
-        cache[ds.version] = _index_coverage(ds)
-    return [dict(ix, columns=list(ix["columns"])) for ix in cache[ds.version]]
-
-
-def _index_coverage(ds: lance.LanceDataset) -> list[dict[str, Any]]:
-    _without_centroids()
-    out = []
-    for ix in ds.describe_indices():
-        st = ds.stats.index_stats(ix.name)
-        out.append({"name": ix.name, "type": ix.index_type, "columns": list(ix.field_names),
-                    "indexed_rows": int(st.get("num_indexed_rows", 0)),
-                    "unindexed_rows": int(st.get("num_unindexed_rows", 0)),
-                    "size_bytes": int(ix.total_size_bytes or 0)})
-    return sorted(out, key=lambda d: d["name"])
 
 
 def tag_version(ds: lance.LanceDataset, tag: str, version: int, attempts: int = 5) -> None:
@@ -334,8 +308,7 @@ def _sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None, embedder_ids:
     out.seconds["join"] = round(time.perf_counter() - started, 3)
     crash_point("lab.before_indexes")
     started = time.perf_counter()
-    coverage: dict[int, list[dict[str, Any]]] = {}  # this table's, for this sync only
-    out.indexes_created = ensure_indexes(images, vector_index_min_rows, coverage_cache=coverage)
+    out.indexes_created = ensure_indexes(images, vector_index_min_rows)
     out.seconds["indexes"] = round(time.perf_counter() - started, 3)
     started = time.perf_counter()
     images = lance.dataset(images.uri, storage_options=opts)  # latest version after all commits
@@ -343,9 +316,10 @@ def _sync_lab(root: DataRoot, captioner_ids: Sequence[str] | None, embedder_ids:
         tag_version(images, PUBLISHED_TAG, images.version)
     out.version = images.version
     out.rows = images.count_rows()
-    out.fragments = len(images.get_fragments())
+    fragments = images.get_fragments()
+    out.fragments = len(fragments)
     out.size_bytes = dataset_size(images)
-    out.indexes = index_coverage(images, coverage)
+    out.indexes = index_coverage(images, fragments)
     out.tags = {k: v["version"] for k, v in images.tags.list().items()}
     out.seconds["stats"] = round(time.perf_counter() - started, 3)
     return out

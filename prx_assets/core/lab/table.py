@@ -18,6 +18,7 @@ import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import lance
 import pyarrow as pa
@@ -125,6 +126,32 @@ def dataset_size(ds: lance.LanceDataset) -> int:
     """Bytes of the data files of the current version."""
     return sum(df.file_size_bytes or 0 for f in ds.get_fragments() for df in f.data_files()
                if getattr(df, "file_size_bytes", None) is not None)
+
+
+def index_coverage(ds: lance.LanceDataset, fragments: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+    """Per index: name, type, columns, indexed and unindexed row counts, from the manifest alone:
+    an index covers the rows of the fragments its segments list (a fragment whose indexed column
+    was rewritten leaves the list), less their deletions. The same figures as Lance's
+    ``index_statistics`` (checked in the tests), without reading 14 index files per call (0.15 s
+    per call at 10M rows, twice per sync). ``fragments``: the table's, when the caller has them.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> ds = lance.write_dataset(pa.table({"a": [1, 2]}), d + "/t.lance")
+    >>> ds.create_scalar_index("a", "BTREE")
+    >>> ds = lance.write_dataset(pa.table({"a": [3]}), d + "/t.lance", mode="append")
+    >>> [(ix["name"], ix["indexed_rows"], ix["unindexed_rows"]) for ix in index_coverage(ds)]
+    [('a_idx', 2, 1)]
+    """
+    frags = ds.get_fragments() if fragments is None else fragments
+    live = {f.fragment_id: int(f.metadata.physical_rows) - int(f.metadata.num_deletions or 0) for f in frags}
+    out = []
+    for ix in ds.describe_indices():
+        covered = {int(fid) for seg in ix.segments for fid in seg.fragment_ids} & live.keys()
+        indexed = sum(live[fid] for fid in covered)
+        out.append({"name": ix.name, "type": ix.index_type, "columns": list(ix.field_names),
+                    "indexed_rows": indexed, "unindexed_rows": sum(live.values()) - indexed,
+                    "segments": len(ix.segments), "size_bytes": int(ix.total_size_bytes or 0)})
+    return sorted(out, key=lambda d: d["name"])
 
 
 @dataclass(frozen=True)
