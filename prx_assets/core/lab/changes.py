@@ -538,7 +538,8 @@ def _match(left: pa.Array | pa.ChunkedArray, right: pa.Array | pa.ChunkedArray) 
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     li = np.repeat(np.arange(len(kl)), count)
     ri = order[np.repeat(lo, count) + (np.arange(len(li)) - np.repeat(np.cumsum(count) - count, count))]
-    same = np.asarray(pc.equal(take_rows(left, li), take_rows(right, ri)), dtype=bool)  # keys of other ids may collide
+    same = np.asarray(pc.fill_null(pc.equal(take_rows(left, li), take_rows(right, ri)), False),
+                      dtype=bool)  # keys of other ids may collide; a null id matches nothing
     return (li, ri) if same.all() else (li[same], ri[same])
 
 
