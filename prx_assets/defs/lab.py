@@ -165,7 +165,7 @@ def lance_maintenance_sensor(context: dg.SensorEvaluationContext, storage: Stora
     """Keep every Lance table within bounds: request lance_maintenance when one has more than
     ``MAX_FRAGMENTS`` fragments to compact (small or with many deletions), more than ``MAX_UNINDEXED_SHARE`` of its rows outside an index or an
     index of more than ``MAX_SEGMENTS`` segments (lab syncs fold new rows as delta segments; reads
-    manifests and index statistics only; one request per table version)."""
+    manifests only; one request per table version)."""
     root = storage.root()
     reasons = [why for h in (table_health(root, n) for n in lance_tables(root))
                if h is not None and (why := h.needs_maintenance()) is not None]
