@@ -245,7 +245,9 @@ def _result_line(result: dg.ExecuteInProcessResult) -> str:
         if "lance_version" in md:
             parts.append(f"lance v{md['lance_version'].value}")
         if "mixture_version" in md and "loss_last" not in md:
-            parts.append(f"version {md['mixture_version'].value}, epoch {md['epoch_size'].value} samples")
+            epoch = md.get("epoch_size")
+            parts.append(f"version {md['mixture_version'].value}"
+                         + (f", epoch {epoch.value} samples" if epoch is not None else ""))
         if "loss_last" in md:
             parts.append(f"{md['steps'].value} steps on {md['job_mode'].value} job {md['job_id'].value}, loss "
                          f"{md['loss_first'].value:.3f} -> {md['loss_last'].value:.3f}")

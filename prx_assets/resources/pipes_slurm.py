@@ -9,6 +9,7 @@ the job log; interrupting the step (run termination) cancels the job. A run that
 
 import json
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,7 +42,49 @@ def submitted_from(job: Mapping[str, str], jobs_dir: Path) -> bool:
     return Path(command).resolve().is_relative_to(jobs_dir.resolve())
 
 
-class ExistingFileMessageReader(dg.PipesFileMessageReader):
+def tail_lines(path: str, should_stop: Any, poll_s: float = 0.01) -> Iterator[str]:
+    """Complete lines appended to ``path`` until ``should_stop()`` and the file is read to its end.
+
+    Dagster's ``tail_file`` yields whatever ``readline`` returns, so a message line read while the
+    job is still writing it comes out cut in two and its JSON fails to parse, which ends Dagster's
+    reader thread and loses every later message, the job's results included. Here a line is held
+    until its newline arrives; text left without one when the session closes is yielded last.
+    """
+    pending = ""
+    with open(path, encoding="utf-8") as stream:
+        while True:
+            chunk = stream.readline()
+            if chunk:
+                pending += chunk
+                if pending.endswith("\n"):
+                    yield pending
+                    pending = ""
+                continue
+            if should_stop():
+                rest = stream.read()  # written between the last read and the stop
+                if rest:
+                    pending += rest
+                    continue
+                break
+            time.sleep(poll_s)
+    if pending.strip():
+        yield pending
+
+
+class LineFileMessageReader(dg.PipesFileMessageReader):
+    """``PipesFileMessageReader`` that parses only complete lines (see :func:`tail_lines`)."""
+
+    def _reader_thread(self, handler: Any, is_resource_complete: Event) -> None:
+        try:
+            for line in tail_lines(self._path, is_resource_complete.is_set):
+                if line.strip():
+                    handler.handle_message(json.loads(line))
+        except BaseException:
+            handler.report_pipes_framework_exception(f"{self.__class__.__name__} reader thread", sys.exc_info())
+            raise
+
+
+class ExistingFileMessageReader(LineFileMessageReader):
     """Reads the message file of an adopted job from its first line. Dagster's file reader creates
     (truncates) the file when a session opens, which would erase what the job already wrote."""
 
@@ -131,7 +174,7 @@ class PipesSlurmClient(dg.PipesClient):
         with dg.open_pipes_session(
             context=context,
             context_injector=dg.PipesFileContextInjector(str(context_file)),
-            message_reader=(ExistingFileMessageReader if adopted is not None else dg.PipesFileMessageReader)(
+            message_reader=(ExistingFileMessageReader if adopted is not None else LineFileMessageReader)(
                 str(job_dir / "pipes_messages.jsonl"), cleanup_file=False),
             extras=dict(extras or {}),
         ) as session:

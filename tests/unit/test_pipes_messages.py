@@ -1,0 +1,50 @@
+"""The Pipes message file is read line by line, never a line cut by a write still in progress."""
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prx_assets.resources.pipes_slurm import LineFileMessageReader, tail_lines
+
+
+class _Handler:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+
+    def handle_message(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    def report_pipes_framework_exception(self, origin: str, exc_info: Any) -> None:
+        self.errors.append(f"{origin}: {exc_info[1]}")
+
+
+def test_a_line_written_in_two_parts_is_read_whole(tmp_path: Path) -> None:
+    path = tmp_path / "messages.jsonl"
+    first = json.dumps({"method": "report_asset_materialization", "params": {"metadata": {"x": "y" * 3000}}})
+    path.write_text("")
+    stop = threading.Event()
+    handler = _Handler()
+    reader = LineFileMessageReader(str(path), cleanup_file=False)
+    thread = threading.Thread(target=reader._reader_thread, args=(handler, stop), daemon=True)
+    thread.start()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(first[:1700])  # what Dagster's tail_file would hand to json.loads on its own
+        f.flush()
+        time.sleep(0.2)  # the reader polls several times while the line is incomplete
+        f.write(first[1700:] + "\n")
+        f.write('{"method": "closed"}')  # the last line, without its newline when the session closes
+        f.flush()
+    time.sleep(0.1)
+    stop.set()
+    thread.join(5)
+    assert handler.errors == []
+    assert handler.messages == [json.loads(first), {"method": "closed"}]
+
+
+def test_tail_lines_reads_what_was_written_before_the_stop(tmp_path: Path) -> None:
+    path = tmp_path / "messages.jsonl"
+    path.write_text("a\nb\npartial")
+    assert list(tail_lines(str(path), lambda: True)) == ["a\n", "b\n", "partial"]
