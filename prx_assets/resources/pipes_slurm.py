@@ -50,7 +50,7 @@ def tail_lines(path: str, should_stop: Any, poll_s: float = 0.01) -> Iterator[st
     reader thread and loses every later message, the job's results included. Here a line is held
     until its newline arrives; text left without one when the session closes is yielded last.
     """
-    pending = ""
+    pending, stopping = "", False
     with open(path, encoding="utf-8") as stream:
         while True:
             chunk = stream.readline()
@@ -61,11 +61,10 @@ def tail_lines(path: str, should_stop: Any, poll_s: float = 0.01) -> Iterator[st
                     pending = ""
                 continue
             if should_stop():
-                rest = stream.read()  # written between the last read and the stop
-                if rest:
-                    pending += rest
-                    continue
-                break
+                if stopping:
+                    break
+                stopping = True  # one more pass: what was written between the last read and the stop
+                continue
             time.sleep(poll_s)
     if pending.strip():
         yield pending

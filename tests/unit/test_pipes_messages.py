@@ -48,3 +48,17 @@ def test_tail_lines_reads_what_was_written_before_the_stop(tmp_path: Path) -> No
     path = tmp_path / "messages.jsonl"
     path.write_text("a\nb\npartial")
     assert list(tail_lines(str(path), lambda: True)) == ["a\n", "b\n", "partial"]
+
+
+def test_lines_written_just_before_the_stop_come_out_one_by_one(tmp_path: Path) -> None:
+    path = tmp_path / "messages.jsonl"
+    path.write_text("")
+    calls = []
+
+    def should_stop() -> bool:  # the first time it is asked, the job writes its last lines
+        if not calls:
+            path.write_text('{"a": 1}\n{"b": 2}\n{"c": 3}')
+        calls.append(1)
+        return True
+
+    assert [json.loads(line) for line in tail_lines(str(path), should_stop)] == [{"a": 1}, {"b": 2}, {"c": 3}]
