@@ -12,7 +12,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from threading import Event, Thread
@@ -42,7 +42,7 @@ def submitted_from(job: Mapping[str, str], jobs_dir: Path) -> bool:
     return Path(command).resolve().is_relative_to(jobs_dir.resolve())
 
 
-def tail_lines(path: str, should_stop: Any, poll_s: float = 0.01) -> Iterator[str]:
+def tail_lines(path: str, should_stop: Callable[[], bool], poll_s: float = 0.01) -> Iterator[str]:
     """Complete lines appended to ``path`` until ``should_stop()`` and the file is read to its end.
 
     Dagster's ``tail_file`` yields whatever ``readline`` returns, so a message line read while the
