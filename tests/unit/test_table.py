@@ -1,7 +1,10 @@
 """Table creation claims: racing creators never overwrite, and a stale claim does not deadlock."""
 
+import threading
+import time
 from pathlib import Path
 
+import lance
 import pyarrow as pa
 
 from prx_assets.core.lab.table import open_or_create
@@ -13,6 +16,30 @@ def test_stale_creation_claim_is_taken_over(tmp_path: Path) -> None:
     (tmp_path / ".t.lance.creating").write_text("1")  # a creator died after claiming
     ds = open_or_create(str(tmp_path / "t.lance"), SCHEMA, wait_seconds=0.2)
     assert ds.version == 1 and ds.schema.names == ["a"]
+
+
+def test_an_old_claim_left_beside_a_missing_table_is_not_waited_for(tmp_path: Path) -> None:
+    """A data root copied without a table, or a table deleted, keeps its claim marker: the next
+    creator does not wait out the claim (it used to wait 60 s on every such create)."""
+    (tmp_path / ".t.lance.creating").write_text(repr(time.time() - 3600))
+    started = time.monotonic()
+    ds = open_or_create(str(tmp_path / "t.lance"), SCHEMA)  # the default wait: 60 s
+    assert ds.version == 1 and time.monotonic() - started < 30
+
+
+def test_a_fresh_claim_is_waited_for_and_its_table_opened(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.lance")
+    (tmp_path / ".t.lance.creating").write_text(repr(time.time()))  # another writer is creating it
+
+    def create() -> None:
+        time.sleep(0.5)
+        lance.write_dataset(pa.table({"a": pa.array([7], pa.int32())}), uri, mode="create")
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    ds = open_or_create(uri, SCHEMA, wait_seconds=30)
+    creator.join()
+    assert ds.count_rows() == 1  # the other writer's table, not an empty one of ours
 
 
 def test_existing_table_is_opened_not_recreated(tmp_path: Path) -> None:

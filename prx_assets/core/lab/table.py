@@ -13,6 +13,7 @@ nothing commits nothing (no new Lance version: identity follows content).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import time
@@ -61,18 +62,21 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
     create the same table claim a marker next to it with a
     create-if-absent write; only the winner creates, the others wait for the table to
     appear. (Two plain creates can land as create + overwrite, and an overwrite is a
-    conflict no later commit can retry past.)
+    conflict no later commit can retry past.) The marker holds the claim's wall-clock time: a
+    claim older than ``wait_seconds`` (its writer died, or the table was deleted or left out of a
+    copied data root while its marker stayed) is not waited for.
     """
     ds = open_table(uri, storage_options)
     if ds is not None:
         return ds
     parent, _, name = uri.rstrip("/").rpartition("/")
     marker_root = DataRoot(parent)
-    if marker_root.write_new(f".{name}.creating", b"1"):
+    marker = f".{name}.creating"
+    if marker_root.write_new(marker, repr(time.time()).encode()):
         marker_root.write_bytes(_claims_marker(name), b"1")  # every partition of this table is claimed
         return lance.write_dataset(schema.empty_table(), uri, schema=schema, mode="create",
                                    storage_options=storage_options, enable_stable_row_ids=True)
-    deadline = time.monotonic() + wait_seconds
+    deadline = time.monotonic() + max(0.0, wait_seconds - _claim_age(marker_root, marker))
     while time.monotonic() < deadline:
         ds = open_table(uri, storage_options)
         if ds is not None:
@@ -89,6 +93,16 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
             return ds
         raise StorageError(f"cannot create table {uri}: {e}; check the data root and remove "
                            f"{parent}/.{name}.creating if a writer died mid-creation") from e
+
+
+def _claim_age(root: DataRoot, marker: str) -> float:
+    """Seconds since the creation claim ``marker`` was written (from the time it holds); infinite
+    when it cannot be read or holds no time (a claim written before claims held one)."""
+    try:
+        claimed = float(root.read_bytes(marker).decode())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return math.inf
+    return max(0.0, time.time() - claimed) if math.isfinite(claimed) else math.inf
 
 
 def add_missing_columns(ds: lance.LanceDataset, schema: pa.Schema) -> lance.LanceDataset:
