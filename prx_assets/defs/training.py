@@ -18,6 +18,7 @@ from prx_assets.defs.staleness import (
     latest_materialization,
     register_fingerprint,
 )
+from prx_assets.resources.pipes_slurm import reported_result
 from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 from prx_assets.training.args import DEFAULTS, TrainerArgs
@@ -127,7 +128,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
     adopted = bool(_plain(invocation.metadata.get("adopted")))
     if adopted:  # the adopted job writes where its own run told it to
         ckpt_dir = (_plain(invocation.metadata.get("work")) or {}).get("checkpoint_dir", ckpt_dir)
-    reported = invocation.get_materialize_result()
+    reported = reported_result(invocation, f"training_run[{mixture}]")
     return dg.MaterializeResult(
         metadata={
             **(reported.metadata or {}),

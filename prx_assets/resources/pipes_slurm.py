@@ -19,7 +19,7 @@ from threading import Event, Thread
 from typing import Any
 
 import dagster as dg
-from dagster_pipes import PipesDefaultMessageWriter
+from dagster_pipes import DagsterPipesError, PipesDefaultMessageWriter
 
 from prx_assets.core.jobs.executors import Executor
 from prx_assets.core.jobs.parse import JobStatus
@@ -207,7 +207,7 @@ class PipesSlurmClient(dg.PipesClient):
         (job_dir / RECORDED_FILE).write_text(context.run.run_id)  # its results are in a run now
         return dg.PipesClientCompletedInvocation(session, metadata={
             "job_id": job_id, "job_mode": work.get("mode", mode), "adopted": adopted is not None,
-            "work": dict(work.get("record") or {})})
+            "work": dict(work.get("record") or {}), "log": str(log_path), "job_dir": str(job_dir)})
 
     def _adoptable(self, executor: Executor, job_name: str, work_key: str) -> tuple[Path, dict[str, Any]] | None:
         """The newest job folder of ``job_name`` for ``work_key`` whose job is queued or running, or
@@ -252,3 +252,29 @@ class PipesSlurmClient(dg.PipesClient):
             context.log.warning(f"interrupted: cancelling job {job_id}")
             executor.cancel(job_id)
             raise
+
+
+def reported_result(invocation: dg.PipesClientCompletedInvocation, what: str) -> dg.MaterializeResult:
+    """The one materialization the job reported through Pipes. A job that completed without
+    reporting one (it exited before its report, or its messages never reached this process) fails
+    the step, naming the job and where its messages and log are, instead of recording an empty
+    materialization that has no data version.
+
+    Raises
+    ------
+    dagster.Failure
+        When the job reported no materialization (or more than one).
+    """
+    try:
+        return invocation.get_materialize_result(implicit_materialization=False)
+    except DagsterPipesError as e:
+        md = {k: getattr(v, "value", v) for k, v in invocation.metadata.items()}
+        job_dir = md.get("job_dir")
+        raise dg.Failure(
+            description=f"{what}: job {md.get('job_id', '?')} completed but its result never arrived ({e}). "
+                        "Its Pipes messages are in "
+                        f"{Path(job_dir) / 'pipes_messages.jsonl' if job_dir else 'its job folder'} and its log "
+                        f"in {md.get('log', 'its job folder')}; fix what they show, then materialize again "
+                        "(a new job runs).",
+            metadata={"job_id": str(md.get("job_id", "")), "log": dg.MetadataValue.path(str(md.get("log", "")))},
+        ) from e

@@ -1,10 +1,14 @@
-"""The Pipes message file is read line by line, never a line cut by a write still in progress."""
+"""The Pipes message file is read line by line, never a line cut by a write still in progress; a job
+that completed without reporting its result fails its step."""
 
 import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import dagster as dg
+import pytest
 
 from prx_assets.resources.pipes_slurm import LineFileMessageReader, tail_lines
 
@@ -62,3 +66,31 @@ def test_lines_written_just_before_the_stop_come_out_one_by_one(tmp_path: Path) 
         return True
 
     assert [json.loads(line) for line in tail_lines(str(path), should_stop)] == [{"a": 1}, {"b": 2}, {"c": 3}]
+
+
+class _Completed:
+    """A completed invocation as Dagster builds it: with ``implicit_materialization`` (Dagster's
+    default) a job that reported nothing still yields an empty materialization."""
+
+    def __init__(self, results: list[dg.MaterializeResult]) -> None:
+        self.results = results
+        self.metadata = {"job_id": "42", "log": "/jobs/j/job.log", "job_dir": "/jobs/j"}
+
+    def get_materialize_result(self, implicit_materialization: bool = True) -> dg.MaterializeResult:
+        from dagster._core.pipes.client import materialize_result_from_pipes_results
+
+        implicit = [dg.MaterializeResult()] if implicit_materialization and not self.results else []
+        return materialize_result_from_pipes_results([*self.results, *implicit])
+
+
+def test_a_job_that_reported_no_result_fails_the_step_naming_the_job() -> None:
+    from prx_assets.resources.pipes_slurm import reported_result
+
+    assert _Completed([]).get_materialize_result().data_version is None  # what the step recorded before
+    with pytest.raises(dg.Failure) as err:
+        reported_result(_Completed([]), "training_run[mix]")  # type: ignore[arg-type]
+    text = err.value.description or ""
+    assert "training_run[mix]: job 42 completed but its result never arrived" in text
+    assert "/jobs/j/pipes_messages.jsonl" in text and "/jobs/j/job.log" in text
+    done = dg.MaterializeResult(metadata={"loss_last": 0.5}, data_version=dg.DataVersion("v1"))
+    assert reported_result(_Completed([done]), "training_run[mix]").data_version == dg.DataVersion("v1")  # type: ignore[arg-type]
