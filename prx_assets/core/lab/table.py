@@ -64,7 +64,8 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
     appear. (Two plain creates can land as create + overwrite, and an overwrite is a
     conflict no later commit can retry past.) The marker holds the claim's wall-clock time: a
     claim older than ``wait_seconds`` (its writer died, or the table was deleted or left out of a
-    copied data root while its marker stayed) is not waited for.
+    copied data root while its marker stayed) is not waited for. Writers' clocks must agree to
+    well within ``wait_seconds``: a claim from a clock that far behind looks stale too.
     """
     ds = open_table(uri, storage_options)
     if ds is not None:
