@@ -2,7 +2,6 @@
 
 import json
 import shlex
-from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -18,7 +17,7 @@ from prx_assets.defs.staleness import (
     latest_materialization,
     register_fingerprint,
 )
-from prx_assets.resources.pipes_slurm import reported_result
+from prx_assets.resources.pipes_slurm import plain, reported_result
 from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 from prx_assets.training.args import DEFAULTS, TrainerArgs
@@ -125,9 +124,9 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
         context=context, module=TRAINER_MODULE, args=args, job_name=job_name_for("train", mixture),
         extras={"mixture": mixture, "mixture_version": version}, training=True, work_key=work_key,
         record={"checkpoint_dir": ckpt_dir})
-    adopted = bool(_plain(invocation.metadata.get("adopted")))
+    adopted = bool(plain(invocation.metadata.get("adopted")))
     if adopted:  # the adopted job writes where its own run told it to
-        ckpt_dir = (_plain(invocation.metadata.get("work")) or {}).get("checkpoint_dir", ckpt_dir)
+        ckpt_dir = (plain(invocation.metadata.get("work")) or {}).get("checkpoint_dir", ckpt_dir)
     reported = reported_result(invocation, f"training_run[{mixture}]")
     return dg.MaterializeResult(
         metadata={
@@ -143,11 +142,6 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
         },
         data_version=reported.data_version,
     )
-
-
-def _plain(value: Any) -> Any:
-    """A Pipes invocation's metadata entry as a plain value (entries come back as ``MetadataValue``)."""
-    return getattr(value, "value", value)
 
 
 def _latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:

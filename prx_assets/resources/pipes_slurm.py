@@ -28,7 +28,7 @@ from prx_assets.resources.slurm import SlurmResource
 
 #: Per job folder: what the job is for (job id, name, work key, caller's record), and the marker
 #: written once a run has recorded the job's results.
-WORK_FILE, RECORDED_FILE = "work.json", "recorded"
+WORK_FILE, RECORDED_FILE, MESSAGES_FILE = "work.json", "recorded", "pipes_messages.jsonl"
 #: Job states in which a job may still produce results.
 LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "SUSPENDED")
 
@@ -174,7 +174,7 @@ class PipesSlurmClient(dg.PipesClient):
             context=context,
             context_injector=dg.PipesFileContextInjector(str(context_file)),
             message_reader=(ExistingFileMessageReader if adopted is not None else LineFileMessageReader)(
-                str(job_dir / "pipes_messages.jsonl"), cleanup_file=False),
+                str(job_dir / MESSAGES_FILE), cleanup_file=False),
             extras=dict(extras or {}),
         ) as session:
             if adopted is None:
@@ -207,7 +207,8 @@ class PipesSlurmClient(dg.PipesClient):
         (job_dir / RECORDED_FILE).write_text(context.run.run_id)  # its results are in a run now
         return dg.PipesClientCompletedInvocation(session, metadata={
             "job_id": job_id, "job_mode": work.get("mode", mode), "adopted": adopted is not None,
-            "work": dict(work.get("record") or {}), "log": str(log_path), "job_dir": str(job_dir)})
+            "work": dict(work.get("record") or {}), "log": str(log_path),
+            "messages": str(job_dir / MESSAGES_FILE)})
 
     def _adoptable(self, executor: Executor, job_name: str, work_key: str) -> tuple[Path, dict[str, Any]] | None:
         """The newest job folder of ``job_name`` for ``work_key`` whose job is queued or running, or
@@ -226,7 +227,7 @@ class PipesSlurmClient(dg.PipesClient):
                 found.append((d.stat().st_mtime, d, work))
         for _, d, work in sorted(found, key=lambda t: t[0], reverse=True):
             st = executor.status(str(work["job_id"]))
-            if st.state in LIVE_STATES or (st.state == "COMPLETED" and _closed(d / "pipes_messages.jsonl")):
+            if st.state in LIVE_STATES or (st.state == "COMPLETED" and _closed(d / MESSAGES_FILE)):
                 return d, work
         return None
 
@@ -268,13 +269,16 @@ def reported_result(invocation: dg.PipesClientCompletedInvocation, what: str) ->
     try:
         return invocation.get_materialize_result(implicit_materialization=False)
     except DagsterPipesError as e:
-        md = {k: getattr(v, "value", v) for k, v in invocation.metadata.items()}
-        job_dir = md.get("job_dir")
+        md = {k: plain(v) for k, v in invocation.metadata.items()}
         raise dg.Failure(
             description=f"{what}: job {md.get('job_id', '?')} completed but its result never arrived ({e}). "
-                        "Its Pipes messages are in "
-                        f"{Path(job_dir) / 'pipes_messages.jsonl' if job_dir else 'its job folder'} and its log "
-                        f"in {md.get('log', 'its job folder')}; fix what they show, then materialize again "
+                        f"Its Pipes messages are in {md.get('messages', 'its job folder')} and its log in "
+                        f"{md.get('log', 'its job folder')}; fix what they show, then materialize again "
                         "(a new job runs).",
             metadata={"job_id": str(md.get("job_id", "")), "log": dg.MetadataValue.path(str(md.get("log", "")))},
         ) from e
+
+
+def plain(value: Any) -> Any:
+    """A Pipes invocation's metadata entry as a plain value (entries come back as ``MetadataValue``)."""
+    return getattr(value, "value", value)

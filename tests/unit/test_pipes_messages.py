@@ -74,7 +74,7 @@ class _Completed:
 
     def __init__(self, results: list[dg.MaterializeResult]) -> None:
         self.results = results
-        self.metadata = {"job_id": "42", "log": "/jobs/j/job.log", "job_dir": "/jobs/j"}
+        self.metadata = {"job_id": "42", "log": "/jobs/j/job.log", "messages": "/jobs/j/pipes_messages.jsonl"}
 
     def get_materialize_result(self, implicit_materialization: bool = True) -> dg.MaterializeResult:
         from dagster._core.pipes.client import materialize_result_from_pipes_results
