@@ -93,7 +93,7 @@ def open_or_create(uri: str, schema: pa.Schema, storage_options: dict[str, str] 
         if ds is not None:
             return ds
         raise StorageError(f"cannot create table {uri}: {e}; check the data root and remove "
-                           f"{parent}/.{name}.creating if a writer died mid-creation") from e
+                           f"{parent}/{marker} if a writer died mid-creation") from e
 
 
 def _claim_age(root: DataRoot, marker: str) -> float:
