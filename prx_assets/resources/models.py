@@ -6,6 +6,7 @@ keep loaded models for the life of the process, so a run over many partitions lo
 model once.
 """
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -76,15 +77,16 @@ class EmbedderResource(dg.ConfigurableResource):
     device: str = Field(default="auto", description="auto (CUDA when available), cpu, cuda ...")
     batch_size: int | None = Field(default=None, description="Override the embedder's batch size.")
 
-    def _effective(self, spec: EmbedderSpec) -> EmbedderSpec:
-        return spec if not self.batch_size else EmbedderSpec(model=spec.model, name=spec.name,
-                                                             batch_size=self.batch_size, dtype=spec.dtype)
+    def effective(self, spec: EmbedderSpec) -> EmbedderSpec:
+        """The spec with this resource's batch-size override applied; every other field (the stored
+        ``vector_dtype`` included, and so the embedder id) is the spec's."""
+        return spec if not self.batch_size else dataclasses.replace(spec, batch_size=self.batch_size)
 
     def load(self, spec: EmbedderSpec) -> ImageEmbedder:
         """The loaded embedder (cached per process)."""
-        eff = self._effective(spec)
+        eff = self.effective(spec)
         return _cached(("embedder", eff, self.device), lambda: ImageEmbedder(eff, self.device))
 
     def is_loaded(self, spec: EmbedderSpec) -> bool:
         """Whether this process already holds the embedder (``load`` returns at once)."""
-        return ("embedder", self._effective(spec), self.device) in _CACHE
+        return ("embedder", self.effective(spec), self.device) in _CACHE

@@ -141,3 +141,15 @@ def test_embeddings_shape_norm_and_determinism(tiny_models: dict[str, str]) -> N
     assert not np.allclose(v[0], v[1])
     with pytest.raises(ModelLoadError, match="get_image_features"):
         ImageEmbedder(EmbedderSpec(model=tiny_models["text"]))
+
+
+def test_embedder_batch_override_keeps_the_stored_precision() -> None:
+    """A batch-size override changes how the model runs, never what is stored: the effective spec
+    keeps ``vector_dtype`` (and so the embedder id) of the configured one."""
+    from prx_assets.resources.models import EmbedderResource
+
+    spec = EmbedderSpec(model="/models/siglip", name="siglip", batch_size=32, dtype="bfloat16", vector_dtype="float16")
+    eff = EmbedderResource(batch_size=4).effective(spec)
+    assert (eff.batch_size, eff.vector_dtype, eff.dtype, eff.name) == (4, "float16", "bfloat16", "siglip")
+    assert eff.embedder_id() == spec.embedder_id()
+    assert EmbedderResource().effective(spec) is spec
