@@ -357,11 +357,14 @@ def tiles_psnr(rgb: Image.Image, quality: int, subsampling: str) -> tuple[float,
     with Image.open(io.BytesIO(encode_jpeg(mosaic, quality, subsampling))) as im:
         im.load()
         decoded = np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
-    # Every cell's squared error over its tile (the cell less its margin) in one pass over the mosaic.
-    d = np.subtract(np.asarray(mosaic), decoded, dtype=np.int32)
+    # Every cell's squared error over its tile (the cell less its margin): the tiles are viewed in
+    # place (a row of a cell as one run of 3 * t bytes), so margins are never subtracted or summed.
+    def tiles(a: np.ndarray) -> np.ndarray:
+        return a.reshape(rows, cell, cols, cell * 3)[:, m:m + t, :, 3 * m:3 * (m + t)]
+
+    d = np.subtract(tiles(np.asarray(mosaic)), tiles(decoded), dtype=np.int32)
     d *= d
-    cells = d.reshape(rows, cell, cols, cell, 3)[:, m:m + t, :, m:m + t, :].sum(axis=(1, 3, 4), dtype=np.int64)
-    squared = cells.ravel()[:len(corners)].tolist()
+    squared = d.sum(axis=(1, 3), dtype=np.int64).ravel()[:len(corners)].tolist()
 
     def db(mse: float) -> float:
         return EXACT_PSNR_DB if mse == 0 else min(EXACT_PSNR_DB, 10.0 * math.log10(255.0 ** 2 / mse))
