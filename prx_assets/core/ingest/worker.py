@@ -6,9 +6,12 @@ hashing, the PSNR histograms, numpy), so threads alone top out near 1.4x on two 
 ``processes`` above 1, threads still read the files (I/O) and hand the bytes to a pool of
 processes (forkserver: clean children that fork fast, whatever threads Lance started in this
 one) that stays up for the life of the process and is shared by every partition it ingests.
+Items travel in chunks (:func:`normalize_many_in_pool`): one task and one round trip per chunk,
+not per image, so the parent's share of the CPU, which the two cores also need, stays small.
 A child that dies (a decoder crash, the OOM killer) breaks the pool: each item that was in flight
-runs again alone in a fresh process, the pool is rebuilt for the rest, and an item that kills its
-process alone too is rejected (``corrupt``); the run goes on.
+runs again in the rebuilt pool, one task per item, then alone in a fresh process if the pool
+breaks again, and an item that kills its process alone too is rejected (``corrupt``); the run
+goes on.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import multiprocessing as mp
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from typing import Any
 
 from prx_assets.core.config.project import IngestSettings
@@ -199,9 +204,47 @@ def normalize_in_pool(data: bytes, settings: IngestSettings, sampled: bool, labe
             raise  # a worker importing an unguarded main script: fail its start-up, as multiprocessing does
         _unavailable(f"{type(e).__name__}: {str(e).strip()}")
         return normalize_here(data, settings, sampled, label)
+    return _unpack(out)
+
+
+#: One image for a worker process: its bytes, whether it is in the q92 sample, and its label.
+Job = tuple[bytes, bool, str]
+
+
+def _many_in_child(jobs: list[Job], settings: IngestSettings, crash_at: str | None = None) -> list[tuple[Any, ...]]:
+    """:func:`_in_child` over a chunk of jobs, in one task."""
+    return [_in_child(data, settings, sampled, label, crash_at) for data, sampled, label in jobs]
+
+
+def _unpack(out: tuple[Any, ...]) -> Normalized:
+    """A child's outcome tuple as :func:`normalize_in_pool` returns or raises it."""
     record(out[-1])
     if out[0] == "ok":
         return out[1]
     if out[0] == "rejected":
         raise ImageRejected(RejectReason(out[1]), out[2])
     raise DecoderError(out[1], out[2])
+
+
+def normalize_many_in_pool(jobs: list[Job], settings: IngestSettings,
+                           processes: int) -> list[Callable[[], Normalized]]:
+    """:func:`normalize_in_pool` for a chunk of jobs sent as one task (blocking this thread until it
+    is done). Returns one callable per job, in order, that records the job's decoder warnings in the
+    calling thread's :func:`~.decoder_warnings.collect` list and returns its result or raises as
+    :func:`normalize_in_pool` does: call each inside that image's ``collect``. When the pool breaks
+    (a child died on this chunk or on another in flight), each job runs through
+    :func:`normalize_in_pool` on its own, which finds the one that kills its process."""
+    if not jobs:
+        return []
+    if _UNAVAILABLE:
+        return [partial(normalize_here, data, settings, sampled, label) for data, sampled, label in jobs]
+    alone = [partial(normalize_in_pool, data, settings, sampled, label, processes) for data, sampled, label in jobs]
+    try:
+        pool = _pool(processes)
+        outs = pool.submit(_many_in_child, jobs, settings, os.environ.get(CRASH_ENV)).result()
+    except BrokenProcessPool:  # a process of the pool died: on a job of this chunk, or of another
+        _reset(pool)
+        return alone
+    except (RuntimeError, OSError):  # processes cannot start here: the one-job path decides and warns
+        return alone
+    return [partial(_unpack, out) for out in outs]
