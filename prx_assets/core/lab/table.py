@@ -205,21 +205,22 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
     tmp = make_scratch(None, "prx-partition-")
     try:
         spool = os.path.join(tmp, "rows.arrow")
-        new_keys: dict[str, tuple] = {}
+        # The key and compared columns, as Arrow (no Python objects per row: an append, the common
+        # case, only needs how many distinct keys there are; a comparison builds its dict later).
+        compared: list[pa.RecordBatch] = []
         with pa.OSFile(spool, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             for b in _conform(batches, schema):
                 writer.write_batch(b)
-                part = b.select([key, *cols]).to_pydict()
-                for i, k in enumerate(part[key]):
-                    new_keys[k] = tuple(part[c][i] for c in cols)
-        claims_complete = bool(new_keys) and _claims_complete(uri)
+                compared.append(b.select(list(dict.fromkeys([key, *cols]))))
+        keys = _distinct(compared, key)
+        claims_complete = bool(keys) and _claims_complete(uri)
         if claims_complete and _claim_append(uri, partition_value):
             # A table created with claims: the first claim of a partition proves it holds no rows, so
             # the partition's rows are not even counted (the count reads the partition index, which
             # grows with the table).
-            return _append_spool(uri, schema, spool, len(new_keys), storage_options)
+            return _append_spool(uri, schema, spool, keys, storage_options)
         stored = ds.count_rows(filter=where_eq(partition_column, partition_value)) if ds.count_rows() else 0
-        if stored == 0 and not new_keys:
+        if stored == 0 and not keys:
             return WriteResult(version=ds.version, inserted=0, updated=0, deleted=0)
         if stored == 0 and not claims_complete and _claim_append(uri, partition_value):  # lost above: merge
             # A new partition: an append, whose cost does not grow with the table (a merge joins
@@ -228,7 +229,8 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
             # the table: random keys touch nearly every page of the key's index (5,000 keys read
             # 18 MB of it at 1M rows, 180 MB at 10M), and discovery already puts each unit in one
             # batch only, so a key is in one partition by construction (`prx-assets doctor` checks).
-            return _append_spool(uri, schema, spool, len(new_keys), storage_options)
+            return _append_spool(uri, schema, spool, keys, storage_options)
+        new_keys = _keyed(compared, key, cols)
         if _partition_equals(ds, partition_column, partition_value, key, cols, new_keys):
             return WriteResult(version=ds.version, inserted=0, updated=0, deleted=0)
         builder = ds.merge_insert(key)
@@ -243,6 +245,22 @@ def replace_partition(uri: str, schema: pa.Schema, partition_column: str, partit
     return WriteResult(version=ds.version, inserted=int(stats.get("num_inserted_rows", 0)),
                        updated=int(stats.get("num_updated_rows", 0)),
                        deleted=int(stats.get("num_deleted_rows", 0)))
+
+
+def _distinct(batches: Sequence[pa.RecordBatch], key: str) -> int:
+    """How many distinct values of ``key`` the batches hold."""
+    chunks = [b.column(key) for b in batches if b.num_rows]
+    return len(pa.chunked_array(chunks).unique()) if chunks else 0
+
+
+def _keyed(batches: Sequence[pa.RecordBatch], key: str, cols: Sequence[str]) -> dict[Any, tuple]:
+    """``{key: (values of cols)}`` over the batches (the last row of a repeated key wins)."""
+    keyed: dict[Any, tuple] = {}
+    for b in batches:
+        part = b.to_pydict()
+        for i, k in enumerate(part[key]):
+            keyed[k] = tuple(part[c][i] for c in cols)
+    return keyed
 
 
 def _partition_equals(ds: lance.LanceDataset, partition_column: str, partition_value: str, key: str,
