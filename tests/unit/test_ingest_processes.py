@@ -19,7 +19,8 @@ from tests.helpers import write_folder_corpus
 COLUMNS = ["image_id", "sha256", "jpeg", "phash", "width", "height", "stored_format", "q92_psnr_db"]
 
 
-def _ingest(folder: Path, root: Path, processes: int) -> tuple[list[dict], list[dict], list[dict]]:
+def _ingest(folder: Path, root: Path, processes: int,
+            warned: list[dict] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
     cfg = SourceConfig(name="f", kind="folder", location=str(folder), batch_size=1000,
                        ingest=IngestSettings(workers=2, processes=processes, q92_sample_share=0.5))
     data_root = DataRoot(str(root))
@@ -29,6 +30,8 @@ def _ingest(folder: Path, root: Path, processes: int) -> tuple[list[dict], list[
         res = ingest_batch(m, reader_for(cfg), data_root, cfg.ingest)
         assert res.processes == processes
         curves += res.q92_curves
+        if warned is not None:
+            warned += res.warning_examples
     rows = lance.dataset(str(root / "lance" / "images.lance")).to_table(columns=COLUMNS).to_pylist()
     rejects = lance.dataset(str(root / "lance" / "rejects.lance")).to_table(
         columns=["uri", "reason", "message"]).to_pylist()
@@ -41,13 +44,20 @@ def test_processes_ingest_exactly_what_threads_do(tmp_path: Path) -> None:
     write_bad_inputs(tmp_path / "bad", big_side=1200)  # every kind of bad file, small
     folder = tmp_path / "bad" / "folder"
     write_folder_corpus(folder / "good", n=12)
+    warned_threads: list[dict] = []
+    warned_processes: list[dict] = []
     try:
-        in_threads = _ingest(folder, tmp_path / "a", processes=1)
-        in_processes = _ingest(folder, tmp_path / "b", processes=2)
+        in_threads = _ingest(folder, tmp_path / "a", processes=1, warned=warned_threads)
+        in_processes = _ingest(folder, tmp_path / "b", processes=2, warned=warned_processes)
     finally:
         shutdown_pool()
     assert in_threads[0] and in_threads[1] and in_threads[2]
     assert in_processes == in_threads
+    # images travel to the worker processes in chunks: each file's decoder warnings stay its own
+    assert warned_threads
+    def by_file(warned: list[dict]) -> list[tuple[str, str]]:
+        return sorted((Path(w["uri"]).name, w["warnings"]) for w in warned)
+    assert by_file(warned_processes) == by_file(warned_threads)
 
 
 def test_a_worker_process_that_dies_costs_its_file_not_the_run(tmp_path: Path,
