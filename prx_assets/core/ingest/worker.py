@@ -238,13 +238,13 @@ def normalize_many_in_pool(jobs: list[Job], settings: IngestSettings,
         return []
     if _UNAVAILABLE:
         return [partial(normalize_here, data, settings, sampled, label) for data, sampled, label in jobs]
-    alone = [partial(normalize_in_pool, data, settings, sampled, label, processes) for data, sampled, label in jobs]
     try:
         pool = _pool(processes)
         outs = pool.submit(_many_in_child, jobs, settings, os.environ.get(CRASH_ENV)).result()
-    except BrokenProcessPool:  # a process of the pool died: on a job of this chunk, or of another
-        _reset(pool)
-        return alone
-    except (RuntimeError, OSError):  # processes cannot start here: the one-job path decides and warns
-        return alone
+    except (RuntimeError, OSError) as e:  # BrokenProcessPool is a RuntimeError too
+        if isinstance(e, BrokenProcessPool):  # a process of the pool died: on a job of this chunk, or of another
+            _reset(pool)
+        # one job at a time (processes that cannot start: that path decides and warns)
+        return [partial(normalize_in_pool, data, settings, sampled, label, processes)
+                for data, sampled, label in jobs]
     return [partial(_unpack, out) for out in outs]
