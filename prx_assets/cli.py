@@ -38,6 +38,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TABLE
 from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
+from prx_assets.core.processes import sigterm_kept
 from prx_assets.defs.doctor import HOST_TAG, PID_TAG, check_stuck_runs
 from prx_assets.errors import PrxError
 from prx_assets.resources.storage import ProjectConfigResource
@@ -385,10 +386,11 @@ def _execute(job: Any, instance: dg.DagsterInstance, key: dg.AssetKey, pk: str |
              prefix: str) -> int:
     """Materialize one partition in-process; print one line; return 1 on failure."""
     started = time.perf_counter()
-    result = job.execute_in_process(
-        instance=instance, partition_key=pk, asset_selection=[key], raise_on_error=False,
-        run_config={"loggers": {"console": {"config": {"log_level": level}}}},
-        tags={"prx/launched_by": "prx-assets run", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())})
+    with sigterm_kept():  # a background `prx-assets run` stays stoppable, and so do the jobs it starts
+        result = job.execute_in_process(
+            instance=instance, partition_key=pk, asset_selection=[key], raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": level}}}},
+            tags={"prx/launched_by": "prx-assets run", HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())})
     took = time.perf_counter() - started
     status = "ok" if result.success else "FAILED"
     label = f"{key.to_user_string()} {pk}" if pk else key.to_user_string()

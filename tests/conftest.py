@@ -31,6 +31,15 @@ import sitecustomize  # noqa: E402,F401  (this process: the same guard)
 
 from prx_assets.devserver import free_port  # noqa: E402
 
+# A test session started in the background by a shell without job control (a CI script's `cmd &`,
+# nohup) inherits SIGINT ignored. Dagster maps SIGTERM to SIGINT's handler at every in-process run,
+# so SIGTERM was then ignored too, and every process a test started afterwards (a local job, a
+# caption server) outlived its SIGTERM: CI once saw a local job's cancel and two jobs' caption
+# servers hang so. Tests run as they would from a terminal; `prx-assets run` itself keeps SIGTERM
+# (`prx_assets.core.processes.sigterm_kept`, tests/unit/test_processes.py).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session when any test process tried to reach beyond loopback."""
@@ -157,8 +166,8 @@ def _sigterm_state() -> tuple[bool, bool]:
 def _sigterm_delivered(request: pytest.FixtureRequest) -> Iterator[None]:
     """Processes a test starts inherit this process's blocked and ignored signals, and jobs and
     servers are stopped with SIGTERM: a test that left SIGTERM blocked or ignored would make every
-    later stop in this worker hang (seen once in CI: a local job's cancel and a job's caption server
-    outlived SIGTERM). Restore it, and name the test that ran before, as a warning."""
+    later stop in this worker hang (the one cause seen, SIGINT inherited ignored, is undone above).
+    Restore it, and name the test that ran before, as a warning."""
     blocked, ignored = _sigterm_state()
     if blocked or ignored:
         warnings.warn(f"SIGTERM was {'blocked' if blocked else 'ignored'} in this test process after "
