@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -141,43 +140,6 @@ def gcs_env(gcs_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     ObjectStoreSettings.from_env().gcs_client().create_bucket(bucket)
     env["BUCKET"] = bucket
     return env
-
-
-_PREVIOUS_TEST = [""]
-
-
-def _sigterm_state() -> tuple[bool, bool]:
-    """Whether SIGTERM is blocked in this thread and ignored in this process (from /proc: what a
-    process started now inherits, whoever set it)."""
-    path = f"/proc/self/task/{threading.get_native_id()}/status"
-    if not os.path.exists(path):
-        return False, False
-    masks: dict[str, int] = {}
-    with open(path) as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("SigBlk", "SigIgn"):
-                masks[key] = int(value.strip(), 16)
-    bit = 1 << (signal.SIGTERM - 1)
-    return bool(masks.get("SigBlk", 0) & bit), bool(masks.get("SigIgn", 0) & bit)
-
-
-@pytest.fixture(autouse=True)
-def _sigterm_delivered(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Processes a test starts inherit this process's blocked and ignored signals, and jobs and
-    servers are stopped with SIGTERM: a test that left SIGTERM blocked or ignored would make every
-    later stop in this worker hang (the one cause seen, SIGINT inherited ignored, is undone above).
-    Restore it, and name the test that ran before, as a warning."""
-    blocked, ignored = _sigterm_state()
-    if blocked or ignored:
-        warnings.warn(f"SIGTERM was {'blocked' if blocked else 'ignored'} in this test process after "
-                      f"{_PREVIOUS_TEST[0] or 'start-up'}; restored before {request.node.nodeid}", stacklevel=1)
-        if blocked:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        if ignored:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    yield
-    _PREVIOUS_TEST[0] = request.node.nodeid
 
 
 @pytest.fixture(autouse=True)
