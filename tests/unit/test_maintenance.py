@@ -42,3 +42,44 @@ def test_one_run_is_bounded_by_bytes_and_the_next_continues(tmp_path: Path) -> N
     assert len(ds.get_fragments()) == 3 + 6  # fragment 0 rewritten in place of itself, the rest waits
     compact_bounded(ds, 1000, max_bytes=1)
     assert len(ds.get_fragments()) == 4 and ds.count_rows() == 890
+
+
+def test_a_table_made_before_a_column_encoding_gets_it_from_maintenance(tmp_path: Path) -> None:
+    from prx_assets.core import layout
+    from prx_assets.core.config.storage import DataRoot
+    from prx_assets.core.lab.maintenance import maintain_table
+    from prx_assets.core.lab.schema import IMAGES_SCHEMA, STORED_AS_IS
+    from prx_assets.core.lab.table import missing_encodings, open_or_create
+
+    root = DataRoot(str(tmp_path))
+    jpeg = IMAGES_SCHEMA.field("jpeg")
+    older = pa.schema([IMAGES_SCHEMA.field("image_id"),
+                       jpeg.with_metadata({k: v for k, v in jpeg.metadata.items() if not k.startswith(b"lance-encoding:")})])
+    uri = root.join(layout.table("images"))
+    open_or_create(uri, older)
+    for i in range(3):  # small appends for the compaction to merge
+        rows = pa.table({"image_id": [f"{i}-{j}" for j in range(4)], "jpeg": [bytes([i, j]) * 300 for j in range(4)]},
+                        schema=older)
+        lance.write_dataset(rows, uri, mode="append")
+    before = lance.dataset(uri)
+    assert missing_encodings(before, IMAGES_SCHEMA) == {"jpeg": STORED_AS_IS}
+    values = before.to_table().sort_by("image_id")
+
+    rep = maintain_table(root, "images")
+    assert rep is not None and rep.encodings_applied == {"jpeg": STORED_AS_IS}
+    after = lance.dataset(uri)
+    assert after.schema.field("jpeg").metadata[b"lance-encoding:compression"] == b"none"
+    assert after.schema.field("jpeg").metadata[b"doc"] == jpeg.metadata[b"doc"]  # the rest is kept
+    assert len(after.get_fragments()) < 3  # compacted, the same values read back
+    assert after.to_table().sort_by("image_id").equals(values)
+    again = maintain_table(root, "images")
+    assert again is not None and again.encodings_applied == {} and missing_encodings(after, IMAGES_SCHEMA) == {}
+
+
+def test_a_new_images_table_stores_its_image_bytes_as_they_are(tmp_path: Path) -> None:
+    from prx_assets.core.lab.schema import IMAGES_SCHEMA
+    from prx_assets.core.lab.table import missing_encodings, open_or_create
+
+    ds = open_or_create(str(tmp_path / "images.lance"), IMAGES_SCHEMA)
+    assert ds.schema.field("jpeg").metadata[b"lance-encoding:compression"] == b"none"
+    assert missing_encodings(ds, IMAGES_SCHEMA) == {}

@@ -6,13 +6,14 @@ untagged versions older than ``older_than`` are removed with their unreferenced 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.lab.table import index_coverage, open_table
+from prx_assets.core.lab.schema import IMAGES_SCHEMA, IMAGES_TABLE, REJECTS_SCHEMA, REJECTS_TABLE
+from prx_assets.core.lab.table import apply_encodings, index_coverage, open_table
 from prx_assets.core.leases import LAB_LEASE, Lease
 
 
@@ -31,6 +32,9 @@ class MaintenanceReport:
     versions_removed: int = 0
     bytes_removed: int = 0
     indexes_optimized: int = 0
+    #: Column encodings the table's schema sets and the table lacked, set before compacting
+    #: (see :func:`~prx_assets.core.lab.table.apply_encodings`).
+    encodings_applied: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for metadata."""
@@ -144,6 +148,11 @@ def compact_bounded(ds: Any, target_rows_per_fragment: int, max_bytes: int) -> A
     return Compaction.commit(ds, rewrites) if rewrites else None
 
 
+#: The tables whose schema this code defines (the others are the enrichment outputs, whose
+#: schema depends on the models).
+TABLE_SCHEMAS = {IMAGES_TABLE: IMAGES_SCHEMA, REJECTS_TABLE: REJECTS_SCHEMA}
+
+
 def maintain_table(root: DataRoot, name: str, target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT,
                    older_than: timedelta = timedelta(days=7),
                    max_compaction_bytes: int = MAX_COMPACTION_BYTES) -> MaintenanceReport | None:
@@ -156,6 +165,9 @@ def maintain_table(root: DataRoot, name: str, target_rows_per_fragment: int = TA
         return None
     rep = MaintenanceReport(table=name, fragments_before=len(ds.get_fragments()), fragments_after=0,
                             version_before=ds.version, version_after=ds.version)
+    schema = TABLE_SCHEMAS.get(name)
+    if schema is not None:  # before compaction, so the fragments it rewrites are written the new way
+        rep.encodings_applied = apply_encodings(ds, schema)
     metrics = compact_bounded(ds, target_rows_per_fragment, max_compaction_bytes)
     rep.fragments_removed = int(getattr(metrics, "fragments_removed", 0))
     rep.fragments_added = int(getattr(metrics, "fragments_added", 0))

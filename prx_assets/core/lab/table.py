@@ -127,6 +127,35 @@ def add_missing_columns(ds: lance.LanceDataset, schema: pa.Schema) -> lance.Lanc
     return ds
 
 
+#: Prefix of the field metadata keys that steer how Lance encodes a column's pages.
+ENCODING_KEY_PREFIX = b"lance-encoding:"
+
+
+def missing_encodings(ds: lance.LanceDataset, schema: pa.Schema) -> dict[str, dict[str, str]]:
+    """Per column of the table, the ``lance-encoding:*`` field metadata ``schema`` sets and the
+    table does not (a table created before ``schema`` set it)."""
+    out: dict[str, dict[str, str]] = {}
+    for f in schema:
+        if f.name not in ds.schema.names:
+            continue
+        have = ds.schema.field(f.name).metadata or {}
+        want = {k.decode(): v.decode() for k, v in (f.metadata or {}).items()
+                if k.startswith(ENCODING_KEY_PREFIX) and have.get(k) != v}
+        if want:
+            out[f.name] = want
+    return out
+
+
+def apply_encodings(ds: lance.LanceDataset, schema: pa.Schema) -> dict[str, dict[str, str]]:
+    """Give the table the :func:`missing_encodings` of ``schema`` in one metadata-only commit (no
+    data file is rewritten; appends and compactions from then on follow them; the values read are
+    the same either way). Commits nothing when none is missing; returns what it set."""
+    missing = missing_encodings(ds, schema)
+    if missing:
+        ds.update_field_metadata(missing)
+    return missing
+
+
 def partition_row_version(ds: lance.LanceDataset, where: str) -> int | None:
     """The table version that last wrote any row matching ``where`` (``None`` when no row matches or
     the table does not track row versions). Two processes that find the same rows get the same
