@@ -151,8 +151,15 @@ def apply_encodings(ds: lance.LanceDataset, schema: pa.Schema) -> dict[str, dict
     data file is rewritten; appends and compactions from then on follow them; the values read are
     the same either way). Commits nothing when none is missing; returns what it set."""
     missing = missing_encodings(ds, schema)
-    if missing:
+    if not missing:
+        return missing
+    try:
         ds.update_field_metadata(missing)
+    except (OSError, ValueError) as e:  # a concurrent commit: fine if it was another maintenance run's
+        fresh = lance.dataset(ds.uri, storage_options=getattr(ds, "_storage_options", None))
+        if missing_encodings(fresh, schema):
+            raise StorageError(f"cannot set the column encodings {missing} on {ds.uri}: {e}; run "
+                               "lance_maintenance again") from e
     return missing
 
 
