@@ -146,6 +146,8 @@ def compact_and_clean(context: dg.OpExecutionContext, config: MaintenanceConfig,
     for r in rows:
         context.log.info(f"{r['table']}: fragments {r['fragments_before']} -> {r['fragments_after']}, "
                          f"{r['versions_removed']} versions and {r['bytes_removed']} bytes removed")
+        if r["encodings_applied"]:
+            context.log.info(f"{r['table']}: column encodings set {r['encodings_applied']} (new writes follow them)")
     context.add_output_metadata({
         "tables": dg.MetadataValue.json(rows),
         "fragments_removed": sum(r["fragments_removed"] for r in rows),
