@@ -75,6 +75,16 @@ def test_a_table_made_before_a_column_encoding_gets_it_from_maintenance(tmp_path
     again = maintain_table(root, "images")
     assert again is not None and again.encodings_applied == {} and missing_encodings(after, IMAGES_SCHEMA) == {}
 
+    # What the encoding does: a later append writes even compressible bytes as they are (Lance's
+    # default writes these 400 KB of repeated bytes in under a kilobyte).
+    old_ids = {f.fragment_id for f in after.get_fragments()}
+    lance.write_dataset(pa.table({"image_id": ["z0", "z1"], "jpeg": [bytes(200_000), b"\1" * 200_000]}, schema=older), uri,
+                        mode="append")
+    new = [f for f in lance.dataset(uri).get_fragments() if f.fragment_id not in old_ids]
+    written = sum((Path(uri) / "data" / d.path).stat().st_size
+                  for f in new for d in f.data_files())
+    assert written >= 400_000
+
 
 def test_a_new_images_table_stores_its_image_bytes_as_they_are(tmp_path: Path) -> None:
     from prx_assets.core.lab.schema import IMAGES_SCHEMA

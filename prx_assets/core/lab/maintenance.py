@@ -166,7 +166,7 @@ def maintain_table(root: DataRoot, name: str, target_rows_per_fragment: int = TA
     rep = MaintenanceReport(table=name, fragments_before=len(ds.get_fragments()), fragments_after=0,
                             version_before=ds.version, version_after=ds.version)
     schema = TABLE_SCHEMAS.get(name)
-    if schema is not None:  # before compaction, so the fragments it rewrites are written the new way
+    if schema is not None:  # (for the writes to come: compaction itself keeps Lance's default encodings)
         rep.encodings_applied = apply_encodings(ds, schema)
     metrics = compact_bounded(ds, target_rows_per_fragment, max_compaction_bytes)
     rep.fragments_removed = int(getattr(metrics, "fragments_removed", 0))

@@ -21,7 +21,8 @@ REJECTS_TABLE = "rejects"
 #: photos (64 MB) on each append and 40% more time on a scan of the column (README, the
 #: ``lance_maintenance`` entry). New tables get it at creation;
 #: :func:`~prx_assets.core.lab.table.apply_encodings` (run by ``lance_maintenance``) gives it to an
-#: older table, whose later writes and compactions then follow it.
+#: older table, whose later appends and updates then follow it. (Lance 14.0.2's compaction does
+#: not: it writes the fragments it merges with its default encodings, whatever the field says.)
 STORED_AS_IS = {"lance-encoding:compression": "none"}
 
 IMAGES_SCHEMA = pa.schema([

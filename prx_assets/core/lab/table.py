@@ -148,8 +148,9 @@ def missing_encodings(ds: lance.LanceDataset, schema: pa.Schema) -> dict[str, di
 
 def apply_encodings(ds: lance.LanceDataset, schema: pa.Schema) -> dict[str, dict[str, str]]:
     """Give the table the :func:`missing_encodings` of ``schema`` in one metadata-only commit (no
-    data file is rewritten; appends and compactions from then on follow them; the values read are
-    the same either way). Commits nothing when none is missing; returns what it set."""
+    data file is rewritten; appends and updates from then on follow them, Lance 14.0.2's compaction
+    does not; the values read are the same either way). Commits nothing when none is missing;
+    returns what it set (or what a concurrent run set first)."""
     missing = missing_encodings(ds, schema)
     if not missing:
         return missing
