@@ -39,26 +39,28 @@ PHOTOS = int(os.environ.get("PRX_BENCH_PHOTOS", "96"))
 COPIES = int(os.environ.get("PRX_BENCH_COPIES", "2"))
 
 
+def bare_one(data: bytes, quality: int = 92) -> bool:
+    """The reference for one file: what any Pillow script would do (False when it cannot decode)."""
+    try:
+        im = Image.open(io.BytesIO(data))
+        im.load()
+    except Exception:
+        return False
+    im = ImageOps.exif_transpose(im)
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        rgb = Image.new("RGB", rgba.size, (255, 255, 255))
+        rgb.paste(rgba, mask=rgba.getchannel("A"))
+    else:
+        rgb = im.convert("RGB")
+    buf = io.BytesIO()
+    rgb.save(buf, "JPEG", quality=quality)
+    return True
+
+
 def bare_loop(paths: list[Path], quality: int = 92) -> int:
-    """The reference: what any Pillow script would do per file."""
-    done = 0
-    for p in paths:
-        try:
-            im = Image.open(io.BytesIO(p.read_bytes()))
-            im.load()
-        except Exception:
-            continue
-        im = ImageOps.exif_transpose(im)
-        if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
-            rgba = im.convert("RGBA")
-            rgb = Image.new("RGB", rgba.size, (255, 255, 255))
-            rgb.paste(rgba, mask=rgba.getchannel("A"))
-        else:
-            rgb = im.convert("RGB")
-        buf = io.BytesIO()
-        rgb.save(buf, "JPEG", quality=quality)
-        done += 1
-    return done
+    """The reference: :func:`bare_one` over the files, read one by one."""
+    return sum(bare_one(p.read_bytes(), quality) for p in paths)
 
 
 def _source(folder: Path, workers: int, batch_size: int, fallback: str | None = None,

@@ -147,11 +147,10 @@ def codecs(folder: Path, exe: Path, n: int = 200) -> dict[str, dict[str, float]]
 def _per_core(folder: Path, n: int = 200) -> dict[str, Any]:
     """One core, the same ``n`` files in memory: the ingest workers' per-image path
     (:func:`~prx_assets.core.ingest.worker.normalize_item`: decode, orientation, RGB, q92 encode,
-    first-generation PSNR, lossless checks, sha256, pHash) against ``bench.ingest.bare_loop``'s
+    first-generation PSNR, lossless checks, sha256, pHash) against ``bench.ingest.bare_one``'s
     decode/orientation/convert/encode, alternated after a warm-up of both; the median round.
     What is left out on both sides: reading files, the q92 check of sampled images, Lance."""
-    from PIL import ImageOps
-
+    from bench.ingest import bare_one
     from prx_assets.core.config.project import IngestSettings
     from prx_assets.core.ingest.worker import normalize_item
 
@@ -160,10 +159,7 @@ def _per_core(folder: Path, n: int = 200) -> dict[str, Any]:
 
     def bare() -> None:
         for d in datas:
-            im = Image.open(io.BytesIO(d))
-            im.load()
-            rgb = ImageOps.exif_transpose(im).convert("RGB")
-            rgb.save(io.BytesIO(), "JPEG", quality=92)
+            bare_one(d)
 
     def ours() -> None:
         for d in datas:
@@ -198,10 +194,11 @@ NO_PAGE_FAULTS = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOL
 
 def per_core(folder: Path) -> dict[str, Any]:
     """:func:`_per_core` in a fresh process with glibc's defaults and in one with
-    :data:`NO_PAGE_FAULTS`. With the defaults the bare loop faults in 2-3 MB of fresh pages per
-    image (its full-size copies land where freed memory was given back) and ours about none, which
-    flatters ours by about 0.13; the ratio without page faults is the work's own and is the one
-    reported as ``per_image_path_vs_bare_per_core``."""
+    :data:`NO_PAGE_FAULTS`. With the defaults, whether a loop faults in fresh pages per image
+    depends on the exact order of its allocations (an inline copy of the bare loop faulted in
+    about 700 pages per image and flattered ours by about 0.13; :func:`bench.ingest.bare_one`
+    faults in about 15); the ratio without page faults is the work's own and is the one reported
+    as ``per_image_path_vs_bare_per_core``."""
     out: dict[str, Any] = {}
     code = "import json, sys; from pathlib import Path; from bench.peer import _per_core; " \
            "print(json.dumps(_per_core(Path(sys.argv[1]))))"
