@@ -13,7 +13,13 @@ from prx_assets.core.models.captions import (
     TransformersCaptioner,
     load_captioner,
 )
-from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
+from prx_assets.core.models.embeddings import (
+    VISION_TOWERS,
+    EmbedderSpec,
+    ImageEmbedder,
+    image_features,
+    load_image_model,
+)
 from tests.helpers import photo
 
 
@@ -141,6 +147,44 @@ def test_embeddings_shape_norm_and_determinism(tiny_models: dict[str, str]) -> N
     assert not np.allclose(v[0], v[1])
     with pytest.raises(ModelLoadError, match="get_image_features"):
         ImageEmbedder(EmbedderSpec(model=tiny_models["text"]))
+
+
+def _tiny_clip(path: Path) -> str:
+    import torch
+    from transformers import CLIPConfig, CLIPModel
+
+    config = CLIPConfig(
+        text_config={"vocab_size": 99, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "max_position_embeddings": 16},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "image_size": 32, "patch_size": 16},
+        projection_dim=24)
+    torch.manual_seed(1)
+    CLIPModel(config).eval().save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["siglip", "clip"])
+def test_the_vision_tower_alone_gives_the_whole_models_image_features(
+        kind: str, tiny_models: dict[str, str], tmp_path: Path) -> None:
+    """The embedder loads only the image half of a dual encoder: no text weights in memory, and
+    vectors equal, bit for bit, to the whole model's ``get_image_features``."""
+    import torch
+    from transformers import AutoModel
+
+    path = tiny_models["siglip"] if kind == "siglip" else _tiny_clip(tmp_path / "tiny-clip")
+    whole = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+    tower = load_image_model(path, whole.config, torch.float32).eval()
+    assert type(tower).__name__ == VISION_TOWERS[kind]
+    assert not any("text" in name for name, _ in tower.named_parameters())
+    assert sum(p.numel() for p in tower.parameters()) < sum(p.numel() for p in whole.parameters())
+    size = whole.config.vision_config.image_size
+    pixels = torch.randn(3, 3, size, size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = whole.get_image_features(pixel_values=pixels)
+        expected = expected if isinstance(expected, torch.Tensor) else expected.pooler_output
+        assert torch.equal(image_features(tower, pixels), expected)
+        assert torch.equal(image_features(whole, pixels), expected)
 
 
 def test_embedder_batch_override_keeps_the_stored_precision() -> None:

@@ -1,5 +1,11 @@
 """Image embeddings from a Hugging Face vision model (SigLIP or CLIP ``get_image_features``).
 
+Only the image half of a dual encoder is loaded where its model type has one
+(:data:`VISION_TOWERS`): the text tower is never used for image embeddings, and in
+``google/siglip2-so400m-patch14-384`` it holds about 63% of the weights (its 256k-token
+vocabulary), so loading the vision tower alone reads and holds about a third of the bytes. The
+vectors are those of the whole model's ``get_image_features``, bit for bit.
+
 Vectors are L2-normalized, stored per image with the embedder id (float32, or float16 with
 ``vector_dtype: float16``: half the bytes in the embeddings table and the lab, a cosine
 changed by about 1e-3), for vector search and semantic dedup. The same ``from_pretrained`` code loads
@@ -50,11 +56,59 @@ class EmbedderSpec:
         return f"{slug(self.name)}-{digest}"
 
 
+#: Model types whose image features come from a vision tower that loads alone from the whole
+#: model's checkpoint, with the class that holds it: SigLIP's ``get_image_features`` is its vision
+#: model's pooled output, CLIP's the projected one (``image_embeds``). Other types load whole.
+VISION_TOWERS = {"siglip": "SiglipVisionModel", "clip": "CLIPVisionModelWithProjection"}
+
+
+def load_image_model(path: str, config: Any, dtype: Any) -> Any:
+    """The model whose forward pass gives image features: the vision tower of ``path`` when its
+    model type (``config``, the whole model's) has one in :data:`VISION_TOWERS` (the text tower's
+    weights are never read), else the whole model, which must have ``get_image_features``."""
+    import copy
+
+    import transformers
+    from transformers import AutoModel
+
+    tower = VISION_TOWERS.get(config.model_type)
+    vision = getattr(config, "vision_config", None)
+    if tower is not None and vision is not None and hasattr(transformers, tower):
+        vision = copy.deepcopy(vision)
+        if getattr(config, "projection_dim", None):  # CLIP keeps the projection's width at the top
+            vision.projection_dim = config.projection_dim
+        return getattr(transformers, tower).from_pretrained(path, config=vision, dtype=dtype)
+    model = AutoModel.from_pretrained(path, dtype=dtype)
+    if not hasattr(model, "get_image_features"):
+        raise ModelLoadError(
+            f"embedder model {path!r} ({config.model_type!r}) has no get_image_features; use a "
+            "SigLIP or CLIP checkpoint such as google/siglip2-so400m-patch14-384")
+    return model
+
+
+def image_features(model: Any, pixel_values: Any) -> Any:
+    """Image features as the whole model's ``get_image_features`` gives them, from either the
+    whole model or a vision tower of :data:`VISION_TOWERS`."""
+    import torch
+
+    if hasattr(model, "get_image_features"):
+        out = model.get_image_features(pixel_values=pixel_values)
+    else:
+        out = model(pixel_values=pixel_values)
+    if isinstance(out, torch.Tensor):
+        return out
+    for name in ("image_embeds", "pooler_output"):  # CLIP's projected features; SigLIP's pooled ones
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    return out[0]
+
+
 class ImageEmbedder:
     """Loads the model once; :meth:`embed` returns an ``(n, dim)`` float32 array, rows of norm 1."""
 
     def __init__(self, spec: EmbedderSpec, device: str = "auto") -> None:
-        from transformers import AutoConfig, AutoImageProcessor, AutoModel
+        from transformers import AutoConfig, AutoImageProcessor
 
         self.spec = spec
         self.device = resolve_device(device)
@@ -63,11 +117,7 @@ class ImageEmbedder:
             config = AutoConfig.from_pretrained(path)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"cannot read the config of embedder model {path!r}: {e}") from e
-        model = AutoModel.from_pretrained(path, dtype=resolve_dtype(spec.dtype, self.device))
-        if not hasattr(model, "get_image_features"):
-            raise ModelLoadError(
-                f"embedder model {path!r} ({config.model_type!r}) has no get_image_features; use a "
-                "SigLIP or CLIP checkpoint such as google/siglip2-so400m-patch14-384")
+        model = load_image_model(path, config, resolve_dtype(spec.dtype, self.device))
         self.model = model.to(self.device).eval()
         self.processor = AutoImageProcessor.from_pretrained(path)
         self.dim = int(self._probe_dim())
@@ -89,10 +139,7 @@ class ImageEmbedder:
             inputs: Any = self.processor(images=chunk, return_tensors="pt").to(self.device)
             inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
             with torch.inference_mode():
-                feats = self.model.get_image_features(pixel_values=inputs["pixel_values"])
-            if not isinstance(feats, torch.Tensor):  # some versions return a model output
-                pooled = getattr(feats, "pooler_output", None)  # (transformers 5: an output object)
-                feats = pooled if pooled is not None else feats[0]
+                feats = image_features(self.model, inputs["pixel_values"])
             v = feats.float().cpu().numpy()
             v /= np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
             out.append(v.astype(np.float32))
