@@ -2,7 +2,7 @@
 
 Only the image half of a dual encoder is loaded where its model type has one
 (:data:`VISION_TOWERS`): the text tower is never used for image embeddings, and in
-``google/siglip2-so400m-patch14-384`` it holds about 63% of the weights (its 256k-token
+``google/siglip2-so400m-patch14-384`` it holds about 62% of the weights (its 256k-token
 vocabulary), so loading the vision tower alone reads and holds about a third of the bytes. The
 vectors are those of the whole model's ``get_image_features``, bit for bit.
 
