@@ -10,7 +10,6 @@ gave the same features bit for bit.
 """
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -19,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
-CACHE = Path(os.environ.get("PRX_BENCH_CACHE", Path.home() / ".cache" / "prx-bench"))
+from bench.peer import CACHE, ROUNDS, status_kb
+
 SIDES = ("whole", "tower")
 
 
@@ -44,13 +43,6 @@ def checkpoint() -> Path:
     return path
 
 
-def _status_kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
 def child(side: str, path: str, features_out: str) -> dict[str, Any]:
     """Load one side in this (fresh) process, embed one image, save the features."""
     import torch
@@ -58,7 +50,7 @@ def child(side: str, path: str, features_out: str) -> dict[str, Any]:
 
     from prx_assets.core.models.embeddings import image_features, load_image_model
 
-    before = _status_kb("VmRSS")
+    before = status_kb("VmRSS")
     t = time.perf_counter()
     if side == "whole":
         model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
@@ -69,7 +61,7 @@ def child(side: str, path: str, features_out: str) -> dict[str, Any]:
     with torch.inference_mode():
         torch.save(image_features(model, pixels), features_out)
     return {"side": side, "load_s": load, "params": sum(p.numel() for p in model.parameters()),
-            "peak_extra_gb": (_status_kb("VmHWM") - before) / 2**20}
+            "peak_extra_gb": (status_kb("VmHWM") - before) / 2**20}
 
 
 def run() -> dict[str, Any]:

@@ -277,7 +277,8 @@ def _recorded(env: dict[str, str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _status_kb(field: str) -> int:
+def status_kb(field: str) -> int:
+    """A ``kB`` figure of this process from ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
@@ -297,11 +298,11 @@ def _peak_mb(args: tuple[int, int]) -> float:
     small = rng.integers(0, 255, (h // 8, w // 8, 3), dtype=np.uint8)
     rgb = Image.fromarray(small).resize((w, h), Image.Resampling.BILINEAR)
     del small
-    before = _status_kb("VmRSS")
+    before = status_kb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
     cycle_curve(rgb, s.jpeg_quality, s.q92_cycles, s.jpeg_subsampling, max_pixels=s.q92_tile_pixels,
                 tile=CHECK_TILE, png_reference=s.q92_png_reference, first_db=45.0)
-    return (_status_kb("VmHWM") - before) / 1024
+    return (status_kb("VmHWM") - before) / 1024
 
 
 def estimate_error(folder: Path) -> dict[str, Any]:
