@@ -176,3 +176,33 @@ def test_tile_estimate_is_the_whole_jpegs_error_on_its_tiles(corpus: dict[str, b
             assert full >= s.q92_min_psnr_db or est < s.q92_min_psnr_db, name  # never accepted below the bound
             checked += 1
     assert checked >= 8
+
+
+def test_images_up_to_the_whole_limit_are_measured_exactly_and_larger_ones_estimated() -> None:
+    """At or below ``PSNR_WHOLE_MAX_PIXELS`` the stored figure is the whole JPEG's PSNR (there it is
+    also cheaper than the tile mosaic); above it, an image well clear of the bound keeps the
+    tiles' estimate and its whole JPEG is never decoded."""
+    from prx_assets.core.demo.corpus import make_scene
+    from prx_assets.core.ingest.images import (
+        PSNR_PIXELS,
+        PSNR_WHOLE_MAX_PIXELS,
+        encode_jpeg,
+        jpeg_psnr,
+        tiles_psnr,
+    )
+
+    s = IngestSettings()
+    rng = np.random.default_rng(11)
+    side = int(PSNR_WHOLE_MAX_PIXELS ** 0.5)  # 512: above the tiles' own budget, at the limit
+    assert side * side > 2 * PSNR_PIXELS
+    for w, h in ((side, side), (side - 64, side - 16), (3 * side // 2, side)):
+        rgb = make_scene(rng, w, h).image.convert("RGB")
+        jpeg = encode_jpeg(rgb, s.jpeg_quality, s.jpeg_subsampling)
+        full = jpeg_psnr(rgb, jpeg)
+        bounded = jpeg_psnr(rgb, jpeg, bound=s.q92_min_psnr_db)
+        if w * h <= PSNR_WHOLE_MAX_PIXELS:
+            assert bounded == full, (w, h)
+        else:
+            estimate, worst = tiles_psnr(rgb, s.jpeg_quality, s.jpeg_subsampling)
+            assert estimate >= s.q92_min_psnr_db + 2 and worst >= s.q92_min_psnr_db, "a photo well above"
+            assert bounded == estimate != full, (w, h)
