@@ -1,4 +1,5 @@
-"""Dagster overhead on this deployment shape: launch-to-done latency of one small partition
+"""Dagster overhead: one small partition run in-process (what `prx-assets run` pays per partition),
+and on this deployment shape launch-to-done latency of one small partition
 through GraphQL, and a 50-partition backfill under three backfill policies, side by side.
 
 Starts ``dagster dev`` (webserver + daemon, the project's dagster.yaml: queued runs, at most 4
@@ -66,8 +67,31 @@ def backfill(port: int, asset: str) -> float:
         time.sleep(0.25)
 
 
+def in_process_floor(runs: int = 10, warm: int = 2) -> list[float]:
+    """Seconds per in-process run of one ``one_per_run`` partition on a fresh SQLite instance (what
+    ``prx-assets run`` pays per partition before its asset does any work), after ``warm`` runs."""
+    import dagster as dg
+
+    from bench.overhead_defs import defs
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+    with tempfile.TemporaryDirectory(prefix="prx-bench-floor-") as home:
+        instance = dg.DagsterInstance.from_config(home)
+        times = []
+        for i in range(warm + runs):
+            t = time.perf_counter()
+            result = job.execute_in_process(instance=instance, partition_key=f"b{i:03d}", run_config=quiet,
+                                            asset_selection=[dg.AssetKey("one_per_run")])
+            times.append(time.perf_counter() - t)
+            if not result.success:
+                raise RuntimeError(f"the in-process run of b{i:03d} failed")
+    return times[warm:]
+
+
 def run() -> dict[str, Any]:
-    """Start dagster dev, measure, stop it."""
+    """Measure the in-process floor, then start dagster dev, measure, stop it."""
+    floor = in_process_floor()
     tmp = Path(tempfile.mkdtemp(prefix="prx-bench-dagster-"))
     home = tmp / "home"
     home.mkdir()
@@ -77,7 +101,8 @@ def run() -> dict[str, Any]:
             one_partition(port, "one_per_run", "b000")  # warm the code server
             single = [one_partition(port, "one_per_run", f"b{i + 1:03d}") for i in range(ROUNDS)]
             results = {name: backfill(port, name) for name in ("one_per_run", "ten_per_run", "single_run")}
-            return {"one_partition_seconds": [round(x, 2) for x in single],
+            return {"in_process_run_seconds": [round(x, 3) for x in floor],
+                    "one_partition_seconds": [round(x, 2) for x in single],
                     "backfill_50_seconds": {k: round(v, 2) for k, v in results.items()},
                     "runs": {"one_per_run": 50, "ten_per_run": 5, "single_run": 1},
                     "speedup_vs_one_per_run": {k: round(results["one_per_run"] / v, 2) for k, v in results.items()}}
@@ -91,7 +116,11 @@ def format_table(r: dict[str, Any]) -> str:
 
     b = r["backfill_50_seconds"]
     return "\n".join([
-        "Dagster overhead (dagster dev: webserver + daemon, queued runs, max 4 at once)",
+        "Dagster overhead",
+        f"  one small partition run in-process (as `prx-assets run` does), SQLite instance: median "
+        f"{statistics.median(r['in_process_run_seconds']):.3f}s, spread {min(r['in_process_run_seconds']):.3f}-"
+        f"{max(r['in_process_run_seconds']):.3f}s",
+        "  dagster dev: webserver + daemon, queued runs, max 4 at once:",
         f"  one small partition, launchRun -> SUCCESS: median {statistics.median(r['one_partition_seconds']):.2f}s "
         f"{r['one_partition_seconds']}",
         "  backfill of 50 small partitions:",
