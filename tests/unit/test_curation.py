@@ -211,3 +211,63 @@ def test_embedding_dedup_above_the_exact_size_holds_codes_not_vectors(tmp_path: 
     keep = selection.embedding_keep(ds, "emb", wanted, 0.97)
     expected = near_duplicates_embedding(vecs[order], 0.97, exact_below=0)
     assert n - int(keep.sum()) > 200 and keep.tolist() == expected
+
+
+def test_rules_per_scan_batch_match_the_row_by_row_definition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row rules applied batch by batch inside the scan, exact dedup on 32-byte sha keys and dedup on
+    the survivors' positions give what the definition gives row by row: the same ids and counts,
+    whatever the scan's batch size, with real hex hashes, their uppercase forms (other texts) and
+    texts that are no hash at all mixed in one batch."""
+    import hashlib
+
+    from prx_assets.core.curate import selection
+    from prx_assets.core.curate.dedup import greedy_keep, phash_pairs
+    from prx_assets.core.curate.optout import new_request
+
+    rng = np.random.default_rng(5)
+    n = 300
+    ids_ = [f"{i:016x}" for i in rng.permutation(10**6)[:n]]
+    shas = [hashlib.sha256(str(i % 170).encode()).hexdigest() for i in range(n)]  # exact duplicates
+    shas[7], shas[8], shas[9], shas[10] = shas[7].upper(), "not-a-hash", "not-a-hash", None
+    phash = rng.integers(0, 2**63, n, dtype=np.int64)
+    phash[200:260] = phash[0:60] ^ (1 << rng.integers(0, 63, 60))  # near duplicates
+    w, h = rng.integers(100, 400, n), rng.integers(100, 400, n)
+    caption = [None if i % 11 == 0 else ("" if i % 13 == 0 else f"c{i}") for i in range(n)]
+    t = pa.table({"image_id": ids_, "uri": [f"/d/{i}.jpg" for i in ids_], "sha256": shas, "ingest_config": ["q92"] * n,
+                  "phash": pa.array(phash.astype(np.uint64)), "width": pa.array(w, pa.int32()),
+                  "height": pa.array(h, pa.int32()), "aspect_bucket": ["1:1" if i % 3 else "4:3" for i in range(n)],
+                  "caption__x": caption})
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(t, uri)
+    (tmp_path / "ids.txt").write_text(f"{ids_[3]}\n{ids_[4]}\n")
+    req = new_request(image_ids=(ids_[4], ids_[5]), uris=(f"/d/{ids_[6]}.jpg",), reason="takedown")
+    recipe = Recipe(name="r", min_side=120, captions=("x",), optout_ids_file=str(tmp_path / "ids.txt"),
+                    dedup=Dedup(exact=True, phash_distance=3))
+
+    rows = [r for r in t.to_pylist() if r["width"] >= 120 and r["height"] >= 120]
+    want: dict[str, int] = {"min_resolution": n - len(rows)}
+    for rule, gone in (("optout", lambda r: r["image_id"] in {ids_[3], ids_[4]}),
+                       ("request", lambda r: r["image_id"] in {ids_[4], ids_[5]} or r["uri"] == f"/d/{ids_[6]}.jpg"),
+                       ("no_caption", lambda r: not r["caption__x"])):
+        want[rule] = sum(map(gone, rows))
+        rows = [r for r in rows if not gone(r)]
+    rows.sort(key=lambda r: (-r["width"] * r["height"], r["image_id"]))
+    seen: set = set()
+    firsts = [r for r in rows if not (r["sha256"] in seen or seen.add(r["sha256"]))]
+    want["dedup_exact"] = len(rows) - len(firsts)
+    later, earlier = phash_pairs(np.array([r["phash"] for r in firsts], np.uint64), 3)
+    keep = greedy_keep(len(firsts), later, earlier)
+    want["dedup_phash"] = int((~keep).sum())
+    expected = sorted(r["image_id"] for r, k in zip(firsts, keep, strict=True) if k)
+
+    for batch_rows in (7, 64, selection.SCAN_ROWS):
+        monkeypatch.setattr(selection, "SCAN_ROWS", batch_rows)
+        s = select(lance.dataset(uri), recipe, [], optouts=[req])
+        assert s.image_ids == expected
+        assert s.dropped == {"min_resolution": want["min_resolution"], "optout": want["optout"],
+                             "optout_requests": want["request"], "no_caption": want["no_caption"],
+                             "dedup_exact": want["dedup_exact"], "dedup_phash": want["dedup_phash"]}
+        assert list(s.dropped) == ["min_resolution", "optout", "optout_requests", "no_caption", "dedup_exact",
+                                   "dedup_phash"]
+        assert s.optout_dropped == {req.request_id: want["request"]}
+        assert sum(s.buckets.values()) == len(expected)

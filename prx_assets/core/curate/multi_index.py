@@ -97,9 +97,16 @@ def _nearest(x: np.ndarray, cents: np.ndarray, p: int) -> tuple[np.ndarray, np.n
 def _packed_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Row positions sorted by ``keys`` (< 2**32, ties in row order) and the sorted keys: one
     in-place sort of ``key << 32 | row`` (numpy's vectorized sort, several times an argsort's speed)."""
-    packed = (keys.astype(np.uint64) << np.uint64(32)) | np.arange(len(keys), dtype=np.uint64)
+    n = len(keys)
+    packed = keys.astype(np.uint64)  # one 8-byte word a key, worked on in place (no temporaries of n)
+    packed <<= np.uint64(32)
+    for a in range(0, n, ASSIGN_CHUNK):
+        packed[a:a + ASSIGN_CHUNK] |= np.arange(a, min(n, a + ASSIGN_CHUNK), dtype=np.uint64)
     packed.sort()
-    return (packed & np.uint64(0xFFFFFFFF)).astype(np.int64), (packed >> np.uint64(32)).astype(np.int64)
+    rows = np.empty(n, dtype=np.int64)
+    np.bitwise_and(packed, np.uint64(0xFFFFFFFF), out=rows, casting="unsafe")
+    packed >>= np.uint64(32)
+    return rows, packed.view(np.int64)
 
 
 def _cell_probes(codes: np.ndarray, scale: np.ndarray, rot: np.ndarray, k: int, probes: int,

@@ -15,6 +15,8 @@ from another Lance version that holds the same content gives the same id.
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -157,85 +159,170 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
                             f"embedding column {embedding_column!r}; materialize image_embeddings "
                             "and lance_table first")
     where = " AND ".join(clauses) or None
-    t = candidates(ds, where, out.caption_columns)
-
-    def apply(rule: str, keep: pa.Array | np.ndarray) -> int:
-        nonlocal t
-        mask = keep if isinstance(keep, pa.Array | pa.ChunkedArray) else pa.array(np.asarray(keep, dtype=bool))
-        before = t.num_rows
-        t = t.filter(mask)
-        out.dropped[rule] = before - t.num_rows
-        return before - t.num_rows
-
-    def not_in(ids: Iterable[str], uris: Iterable[str]) -> pa.Array:
-        gone = pc.or_(pc.is_in(t.column("image_id"), value_set=pa.array(list(ids), pa.string())),
-                      pc.is_in(t.column("uri"), value_set=pa.array(list(uris), pa.string())))
-        return pc.invert(gone)
-
-    # Row-by-row rules first (their counts do not depend on the order), then the order dedup keeps.
-    ids_out, uris_out = recipe.optout_ids(), recipe.optout_uris()
-    if ids_out or uris_out:
-        apply("optout", not_in(ids_out, uris_out))
-    for req in optouts:
-        out.optout_dropped[req.request_id] = apply("_request", not_in(req.image_ids, req.uris))
-    out.dropped.pop("_request", None)
-    if optouts:
+    rules = _row_rules(recipe, optouts, out.caption_columns)
+    t, removed = candidates(ds, where, out.caption_columns, batch_rows=SCAN_ROWS, rules=[rule for _, rule in rules])
+    for (name, _), n in zip(rules, removed, strict=True):
+        if name.startswith("request:"):
+            out.optout_dropped[name.removeprefix("request:")] = n
+        else:
+            out.dropped[name] = n
+    if optouts:  # the order the counts were recorded in before (and the manifests keep)
+        no_caption = out.dropped.pop("no_caption", None)
         out.dropped["optout_requests"] = sum(out.optout_dropped.values())
-    if out.caption_columns:
-        apply("no_caption", t.column("_has_caption"))
-    t = t.drop_columns([c for c in ("uri", "_has_caption") if c in t.column_names])
-    t = t.take(pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]))
+        if no_caption is not None:
+            out.dropped["no_caption"] = no_caption
+
+    # Dedup is greedy in one order (most pixels, then id). The rules run on the survivors' positions
+    # in that order, each reading only its own column's values, never a sorted copy of the table.
+    alive = pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]).to_numpy()
+
+    def apply(rule: str, keep: np.ndarray) -> None:
+        nonlocal alive
+        keep = np.asarray(keep, dtype=bool)
+        out.dropped[rule] = int(len(alive) - keep.sum())
+        alive = alive[keep]
+
     if recipe.dedup.exact:
-        apply("dedup_exact", first_occurrences(t.column("sha256").combine_chunks().dictionary_encode()
-                                               .indices.to_numpy()))
+        sha = t.column("_sha").take(pa.array(alive)).combine_chunks()
+        apply("dedup_exact", first_occurrences(sha.dictionary_encode().indices.to_numpy()))
+        del sha
     if recipe.dedup.phash_distance is not None:
-        apply("dedup_phash", near_duplicates_phash(t.column("phash").to_numpy().astype(np.uint64),
+        apply("dedup_phash", near_duplicates_phash(_column_at(t, "phash", alive).astype(np.uint64),
                                                    int(recipe.dedup.phash_distance)))
     if threshold is not None and embedding_column is not None:
-        row_ids = t.column("_rowid").to_numpy()
-        apply("dedup_embedding", embedding_keep(ds, embedding_column, row_ids, float(threshold)))
-    t = t.take(pc.sort_indices(t, sort_keys=[("image_id", "ascending")]))
-    if recipe.cap is not None and t.num_rows > recipe.cap:
-        pick = np.sort(np.random.default_rng(recipe.seed).permutation(t.num_rows)[: recipe.cap])
-        out.dropped["cap"] = t.num_rows - len(pick)
-        t = t.take(pa.array(pick))
-    out.selected = pa.table({"image_id": t.column("image_id"), "digest": t.column("digest")},
+        apply("dedup_embedding", embedding_keep(ds, embedding_column, _column_at(t, "_rowid", alive), float(threshold)))
+    kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(np.sort(alive)))
+    del t
+    kept = kept.take(pc.sort_indices(kept, sort_keys=[("image_id", "ascending")]))
+    if recipe.cap is not None and kept.num_rows > recipe.cap:
+        pick = np.sort(np.random.default_rng(recipe.seed).permutation(kept.num_rows)[: recipe.cap])
+        out.dropped["cap"] = kept.num_rows - len(pick)
+        kept = kept.take(pa.array(pick))
+    out.selected = pa.table({"image_id": kept.column("image_id"), "digest": kept.column("digest")},
                             schema=SELECTED_SCHEMA).combine_chunks()
     out.content_hash = content_hash_of(out.caption_columns, out.selected)
-    counts = pc.value_counts(t.column("aspect_bucket")).to_pylist() if t.num_rows else []
+    counts = pc.value_counts(kept.column("aspect_bucket")).to_pylist() if kept.num_rows else []
     out.buckets = dict(sorted((c["values"], int(c["counts"])) for c in counts))
     return out
 
 
+def _column_at(t: pa.Table, name: str, positions: np.ndarray) -> np.ndarray:
+    """The values of column ``name`` at ``positions`` (a NumPy array, in that order)."""
+    return t.column(name).combine_chunks().to_numpy(zero_copy_only=False)[positions]
+
+
+#: A per-batch rule: the keep mask of a batch of candidate rows.
+RowRule = Callable[[pa.RecordBatch], pa.Array]
+
+
+def _not_in(ids: Iterable[str], uris: Iterable[str]) -> RowRule:
+    """Keep rows whose id and source URI are in neither list."""
+    id_set, uri_set = pa.array(sorted(ids), pa.string()), pa.array(sorted(uris), pa.string())
+
+    def rule(batch: pa.RecordBatch) -> pa.Array:
+        gone = pc.or_(pc.is_in(batch.column("image_id"), value_set=id_set),
+                      pc.is_in(batch.column("uri"), value_set=uri_set))
+        return pc.invert(pc.fill_null(gone, False))
+    return rule
+
+
+def _row_rules(recipe: Recipe, optouts: Sequence[OptOutRequest],
+               caption_columns: Sequence[str]) -> list[tuple[str, RowRule]]:
+    """The rules that look at one row at a time, in the order their drops are counted: the recipe's
+    opt-out lists (``optout``), each recorded request (``request:<id>``), then ``no_caption``."""
+    rules: list[tuple[str, RowRule]] = []
+    ids_out, uris_out = recipe.optout_ids(), recipe.optout_uris()
+    if ids_out or uris_out:
+        rules.append(("optout", _not_in(ids_out, uris_out)))
+    for req in optouts:
+        rules.append((f"request:{req.request_id}", _not_in(req.image_ids, req.uris)))
+    if caption_columns:
+        cols = list(caption_columns)
+
+        def has_caption(batch: pa.RecordBatch) -> pa.Array:
+            has = [pc.fill_null(pc.not_equal(batch.column(c), ""), False) for c in cols]
+            return functools.reduce(pc.or_, has)
+        rules.append(("no_caption", has_caption))
+    return rules
+
+
 def candidates(ds: lance.LanceDataset, where: str | None, caption_columns: Sequence[str],
-               batch_rows: int = SCAN_ROWS) -> pa.Table:
-    """The rows ``where`` selects, as the compact table the rules run on: ``image_id``, ``uri``,
-    ``sha256``, ``phash``, ``_area`` (pixels), ``aspect_bucket``, ``digest`` (content digest),
-    ``_rowid`` and, with caption columns, ``_has_caption``. Streamed from one scan a batch at a
-    time: the caption texts are hashed into the digest and dropped with their batch."""
+               batch_rows: int = SCAN_ROWS, rules: Sequence[RowRule] = ()) -> tuple[pa.Table, list[int]]:
+    """The rows ``where`` selects that every one of ``rules`` keeps (applied per batch, in order),
+    as the compact table dedup runs on, and how many rows each rule removed.
+
+    Columns: ``image_id``, ``_sha`` (the original's sha256 as 32 bytes, see :func:`sha_keys`),
+    ``phash``, ``_area`` (pixels), ``aspect_bucket``, ``digest`` (content digest) and ``_rowid``.
+    Streamed from one scan a batch at a time: the caption texts are hashed into the digest, and the
+    URIs and captions the rules read are dropped with their batch. Each batch's columns are copied
+    out of the scan's buffers, so what is held is these columns, about 70 bytes a row plus the id."""
     cols = ["image_id", "uri", "sha256", "ingest_config", "phash", "width", "height", "aspect_bucket",
             *caption_columns]
+    removed = [0] * len(rules)
     parts = []
     for batch in ds.scanner(columns=cols, filter=where, with_row_id=True, batch_size=batch_rows).to_batches():
+        for k, rule in enumerate(rules):
+            if not batch.num_rows:
+                break
+            before = batch.num_rows
+            batch = batch.filter(rule(batch))
+            removed[k] += before - batch.num_rows
         if not batch.num_rows:
             continue
-        part = {"image_id": batch.column("image_id"), "uri": batch.column("uri"), "sha256": batch.column("sha256"),
-                "phash": batch.column("phash"),
-                "_area": pc.multiply(pc.cast(batch.column("width"), pa.int64()),
-                                     pc.cast(batch.column("height"), pa.int64())),
-                "aspect_bucket": batch.column("aspect_bucket"), "digest": digests_of(batch, caption_columns),
-                "_rowid": batch.column("_rowid")}
-        if caption_columns:
-            has = [pc.fill_null(pc.not_equal(batch.column(c), ""), False) for c in caption_columns]
-            part["_has_caption"] = functools.reduce(pc.or_, has)
-        parts.append(pa.table(part))
+        part = pa.table({
+            "image_id": _copy(batch.column("image_id")), "_sha": sha_keys(batch.column("sha256")),
+            "phash": _copy(batch.column("phash")),
+            "_area": pc.multiply(pc.cast(batch.column("width"), pa.int64()), pc.cast(batch.column("height"), pa.int64())),
+            "aspect_bucket": _copy(batch.column("aspect_bucket")), "digest": digests_of(batch, caption_columns),
+            "_rowid": _copy(batch.column("_rowid"))})
+        parts.append(part)
     if not parts:
-        empty = {"image_id": pa.string(), "uri": pa.string(), "sha256": pa.string(), "phash": pa.uint64(),
-                 "_area": pa.int64(), "aspect_bucket": pa.string(), "digest": pa.string(), "_rowid": pa.uint64()}
-        if caption_columns:
-            empty["_has_caption"] = pa.bool_()
-        return pa.schema(empty).empty_table()
-    return pa.concat_tables(parts)
+        return pa.schema({"image_id": pa.string(), "_sha": pa.binary(32), "phash": pa.uint64(), "_area": pa.int64(),
+                          "aspect_bucket": pa.string(), "digest": pa.string(), "_rowid": pa.uint64()}).empty_table(), removed
+    return pa.concat_tables(parts), removed
+
+
+def _copy(arr: pa.Array) -> pa.Array:
+    """``arr`` in buffers of its own (a scan's batch may share its buffers with columns it drops)."""
+    return pc.take(arr, pa.array(np.arange(len(arr), dtype=np.int32)))
+
+
+#: Lowercase hex digit values (255: not one).
+_HEX = np.full(256, 255, dtype=np.uint8)
+_HEX[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+_HEX_TEXT = re.compile(r"[0-9a-f]{64}")
+
+
+def sha_keys(sha256: pa.Array) -> pa.FixedSizeBinaryArray:
+    """A 32-byte key per sha256 text, equal for two texts exactly when the texts are equal: a
+    lowercase 64-digit hex text (every stored sha256) is its 32 bytes; any other text (or null)
+    the blake2b-256 digest of a marker and the text, which no hex text's bytes equal in practice.
+
+    >>> k = sha_keys(pa.array(["ab" * 32, "ab" * 32, "AB" * 32, "x"]))
+    >>> k[0] == k[1], k[0] == k[2], k[0].as_py()[:2], k[0] == sha_keys(pa.array(["ab" * 32]))[0]
+    (True, False, b'\\xab\\xab', True)
+    """
+    n = len(sha256)
+    out = np.empty((n, 32), dtype=np.uint8)
+    ok = np.zeros(n, dtype=bool)
+    arr = sha256.cast(pa.string())
+    if n and arr.null_count == 0:
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
+        if (np.diff(offsets) == 64).all():
+            digits = _HEX[np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(n, 64)]
+            ok = (digits != 255).all(axis=1)
+            out[ok] = (digits[ok, 0::2] << 4) | digits[ok, 1::2]
+    if not ok.all():
+        texts = arr.to_pylist()
+        for i in np.flatnonzero(~ok):
+            text = texts[i]
+            if text is not None and _HEX_TEXT.fullmatch(text):
+                key = bytes.fromhex(text)
+            else:
+                key = hashlib.blake2b(b"\x00null" if text is None else b"\x00text:" + text.encode(),
+                                      digest_size=32).digest()
+            out[i] = np.frombuffer(key, dtype=np.uint8)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n, [None, pa.py_buffer(out.tobytes())])
 
 
 def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, threshold: float) -> np.ndarray:
