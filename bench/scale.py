@@ -564,7 +564,8 @@ def child_main(argv: list[str]) -> None:
         t = time.perf_counter()
         sub = select(lance.dataset(table_uri(root, "images")), recipe, ["c-1"],
                      embedding_column=embedding_column("e-1"))
-        result.update(seconds=time.perf_counter() - t, selected=sub.count, dropped=sub.dropped)
+        result.update(seconds=time.perf_counter() - t, selected=sub.count, dropped=sub.dropped,
+                      content_hash=sub.content_hash)
     elif kind == "embedding_check":  # the inverted file vs every pair, for sampled query rows
         from prx_assets.core.curate.dedup import embedding_pairs
         from prx_assets.core.lab.changes import vector_matrix

@@ -137,11 +137,13 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     """Run ``recipe`` on the lab version ``ds`` (see module docs); ``optouts`` (recorded requests)
     apply to every recipe, each with its own drop count in ``Subset.optout_dropped``.
 
-    The candidates stream from one Lance scan (the filters pushed down) in Arrow batches; each
-    batch is reduced to the few columns the rules need (ids, hashes, area, bucket, row id) and its
-    images' content digests, so the caption texts are never held for the whole set. Every rule is a
-    vectorized mask over that compact table (see :mod:`prx_assets.core.curate.dedup`), never a list
-    of rows, and embedding dedup reads the survivors' vectors by row id into int8 codes.
+    The candidates stream from one Lance scan (the filters pushed down) in Arrow batches; the rules
+    that look at one row at a time (opt-outs, requests, captions) filter each batch as it comes, and
+    what is left is reduced to the few columns dedup needs (id, sha256 key, pHash, area, bucket, row
+    id) and its images' content digests, so neither caption texts nor URIs are held for the whole
+    set. Dedup runs as vectorized masks over the survivors' positions in its order (see
+    :mod:`prx_assets.core.curate.dedup`), never a list of rows or a sorted copy of the table, and
+    embedding dedup reads the survivors' vectors by row id into int8 codes.
     """
     out = Subset(recipe=recipe.name, version=ds.version, total=ds.count_rows())
     captions = list(recipe.captions) + [n for n, _ in recipe.caption_mix if n not in recipe.captions]
