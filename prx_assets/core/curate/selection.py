@@ -163,16 +163,15 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     where = " AND ".join(clauses) or None
     rules = _row_rules(recipe, optouts, out.caption_columns)
     t, removed = candidates(ds, where, out.caption_columns, batch_rows=SCAN_ROWS, rules=[rule for _, rule in rules])
-    for (name, _), n in zip(rules, removed, strict=True):
+    for (name, _), n in zip(rules, removed, strict=True):  # requests come before no_caption
         if name.startswith("request:"):
             out.optout_dropped[name.removeprefix("request:")] = n
-        else:
-            out.dropped[name] = n
-    if optouts:  # the order the counts were recorded in before (and the manifests keep)
-        no_caption = out.dropped.pop("no_caption", None)
-        out.dropped["optout_requests"] = sum(out.optout_dropped.values())
-        if no_caption is not None:
-            out.dropped["no_caption"] = no_caption
+            continue
+        if name == "no_caption" and optouts:
+            out.dropped["optout_requests"] = sum(out.optout_dropped.values())
+        out.dropped[name] = n
+    if optouts:
+        out.dropped.setdefault("optout_requests", sum(out.optout_dropped.values()))
 
     # Dedup is greedy in one order (most pixels, then id). The rules run on the survivors' positions
     # in that order, each reading only its own column's values, never a sorted copy of the table.
@@ -256,8 +255,8 @@ def candidates(ds: lance.LanceDataset, where: str | None, caption_columns: Seque
     Columns: ``image_id``, ``_sha`` (the original's sha256 as 32 bytes, see :func:`sha_keys`),
     ``phash``, ``_area`` (pixels), ``aspect_bucket``, ``digest`` (content digest) and ``_rowid``.
     Streamed from one scan a batch at a time: the caption texts are hashed into the digest, and the
-    URIs and captions the rules read are dropped with their batch. Each batch's columns are copied
-    out of the scan's buffers, so what is held is these columns, about 85 bytes a row plus the id."""
+    URIs and captions the rules read are dropped with their batch: what is held is these columns,
+    about 85 bytes a row plus the id."""
     cols = ["image_id", "uri", "sha256", "ingest_config", "phash", "width", "height", "aspect_bucket",
             *caption_columns]
     removed = [0] * len(rules)
@@ -272,21 +271,16 @@ def candidates(ds: lance.LanceDataset, where: str | None, caption_columns: Seque
         if not batch.num_rows:
             continue
         part = pa.table({
-            "image_id": _copy(batch.column("image_id")), "_sha": sha_keys(batch.column("sha256")),
-            "phash": _copy(batch.column("phash")),
+            "image_id": batch.column("image_id"), "_sha": sha_keys(batch.column("sha256")),
+            "phash": batch.column("phash"),
             "_area": pc.multiply(pc.cast(batch.column("width"), pa.int64()), pc.cast(batch.column("height"), pa.int64())),
-            "aspect_bucket": _copy(batch.column("aspect_bucket")), "digest": digests_of(batch, caption_columns),
-            "_rowid": _copy(batch.column("_rowid"))})
+            "aspect_bucket": batch.column("aspect_bucket"), "digest": digests_of(batch, caption_columns),
+            "_rowid": batch.column("_rowid")})
         parts.append(part)
     if not parts:
         return pa.schema({"image_id": pa.string(), "_sha": pa.binary(32), "phash": pa.uint64(), "_area": pa.int64(),
                           "aspect_bucket": pa.string(), "digest": pa.string(), "_rowid": pa.uint64()}).empty_table(), removed
     return pa.concat_tables(parts), removed
-
-
-def _copy(arr: pa.Array) -> pa.Array:
-    """``arr`` in buffers of its own (a scan's batch may share its buffers with columns it drops)."""
-    return pc.take(arr, pa.array(np.arange(len(arr), dtype=np.int32)))
 
 
 #: Lowercase hex digit values (255: not one).
