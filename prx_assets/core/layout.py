@@ -130,3 +130,9 @@ def training_dir(mixture: str, version: str) -> str:
 def lease_dir(name: str) -> str:
     """The generations of one writer lease: ``leases/<name>/``."""
     return f"{LEASES_DIR}/{name}"
+
+
+def search_model(recipe: str, key: str, generation: int) -> str:
+    """A recipe's kept embedding-dedup search model of one size generation (see
+    :mod:`prx_assets.core.curate.search_models`)."""
+    return f"{CURATED_DIR}/{recipe}/_search/{key}-g{generation:02d}.npz"

@@ -4,6 +4,7 @@ import dagster as dg
 from pydantic import Field
 
 from prx_assets.core.curate.optout import load_requests, registry_version
+from prx_assets.core.curate.search_models import search_models
 from prx_assets.core.curate.selection import select
 from prx_assets.core.curate.subsets import write_subset
 from prx_assets.core.lab.query import open_lab
@@ -20,7 +21,9 @@ from prx_assets.defs.staleness import (
 from prx_assets.defs.visual_metadata import subset_pictures
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
-CURATION_CODE_VERSION = "curation-1"
+#: curation-2: embedding dedup above the exact method's size files rows with a kept model (see
+#: core/curate/search_models.py), so near-threshold decisions may differ once from curation-1's.
+CURATION_CODE_VERSION = "curation-2"
 
 
 def curated_fingerprint_of(recipe_hash: str, lab_data_version: str, optouts: str) -> str:
@@ -74,7 +77,7 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     emb_col = embedding_column(models.embedder.embedder_id()) if models.embedder else None
     optouts = load_requests(root)
     subset = select(ds, recipe, known_captioner_ids=models.captioner_ids(), embedding_column=emb_col,
-                    optouts=optouts)
+                    optouts=optouts, search_models=search_models(root, recipe, emb_col) if emb_col else None)
     stored = write_subset(root, ds, recipe, subset)
     context.log.info(f"{recipe.name}: {subset.count} of {subset.total} images at Lance version "
                      f"{subset.version}; dropped {subset.dropped}")
@@ -97,6 +100,8 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
             "optout_requests": dg.MetadataValue.json(subset.optout_dropped),
             "aspect_buckets": dg.MetadataValue.json(subset.buckets),
             "caption_columns": dg.MetadataValue.json(subset.caption_columns),
+            **({"search_model": dg.MetadataValue.json(subset.lineage["search_model"])}
+               if "search_model" in subset.lineage else {}),
             **subset_pictures(ds, subset.selected.column("image_id"), subset.caption_columns[0] if subset.caption_columns else None,
                               subset.buckets, subset.dropped),
             "candidates": subset.total,

@@ -271,3 +271,54 @@ def test_rules_per_scan_batch_match_the_row_by_row_definition(tmp_path: Path, mo
                                    "dedup_phash"]
         assert s.optout_dropped == {req.request_id: want["request"]}
         assert sum(s.buckets.values()) == len(expected)
+
+
+def _vector_lab(uri: str, vecs: np.ndarray, first: int = 0, mode: str = "create") -> None:
+    """A lab-shaped table of ``vecs`` (one row each, distinct hashes, one bucket) written or appended."""
+    n, dim = vecs.shape
+    ids_ = [f"{first + i:012x}" for i in range(n)]
+    t = pa.table({"image_id": ids_, "uri": [f"/d/{i}.jpg" for i in ids_],
+                  "sha256": [f"{first + i:064x}" for i in range(n)], "ingest_config": ["q92"] * n,
+                  "phash": pa.array(np.arange(first, first + n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)),
+                  "width": pa.array(np.full(n, 512), pa.int32()), "height": pa.array(np.full(n, 512), pa.int32()),
+                  "aspect_bucket": ["1:1"] * n,
+                  "emb": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel().astype(np.float32)), dim)})
+    lance.write_dataset(t, uri, mode=mode, max_rows_per_file=1_000)
+
+
+def test_kept_search_models_leave_earlier_rows_as_they_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the exact method's size, a cut keeps its trained search model under the data root and
+    records it in the subset's lineage; a later cut of the same size generation files its rows with
+    the same model, so images added later that duplicate nothing leave every earlier decision as it
+    was. A model file that cannot be read is an error naming it, never silently replaced."""
+    import prx_assets.core.curate.selection as selection
+    from prx_assets.core import layout
+    from prx_assets.core.curate.multi_index import SearchModelError
+    from prx_assets.core.curate.search_models import model_key, search_models
+    from prx_assets.core.curate.subsets import write_subset
+    from tests.unit.test_dedup import spread_pairs
+
+    monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
+    root = DataRoot(str(tmp_path / "data"))
+    uri = str(tmp_path / "lab.lance")
+    old, _ = spread_pairs(4_000, 64, seed=3)
+    _vector_lab(uri, old)
+    recipe = Recipe(name="r", dedup=Dedup(exact=True, embedding_threshold=0.95))
+    first = select(lance.dataset(uri), recipe, embedding_column="emb", search_models=search_models(root, recipe, "emb"))
+    model = first.lineage["search_model"]
+    assert model["trained_now"] and model["generation"] == 11  # 4,000 survivors: 2**11 <= n < 2**12
+    kept = root.join(layout.search_model("r", model_key(recipe, "emb"), 11))
+    assert Path(kept).is_file()
+    assert write_subset(root, lance.dataset(uri), recipe, first).manifest.extra["search_model"] == model
+    assert first.dropped["dedup_embedding"] > 300
+
+    new = np.random.default_rng(4).standard_normal((80, 64)).astype(np.float32)  # far from every old row
+    _vector_lab(uri, new / np.linalg.norm(new, axis=1, keepdims=True), first=10**6, mode="append")
+    again = select(lance.dataset(uri), recipe, embedding_column="emb", search_models=search_models(root, recipe, "emb"))
+    assert again.lineage["search_model"] == {**model, "trained_now": False}
+    old_ids = {f"{i:012x}" for i in range(len(old))}
+    assert {i for i in again.image_ids if i in old_ids} == set(first.image_ids)
+
+    Path(kept).write_bytes(b"not a model")
+    with pytest.raises(SearchModelError, match=str(kept)):
+        select(lance.dataset(uri), recipe, embedding_column="emb", search_models=search_models(root, recipe, "emb"))

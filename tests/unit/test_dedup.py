@@ -229,3 +229,38 @@ def test_identical_hashes_share_their_fate() -> None:
     base = clustered(500, seed=11)
     hashes = base + [base[7]] * 20_000 + base[:50]
     assert near_duplicates_phash(hashes, 4) == greedy_reference(hashes[:600], 4) + [False] * 19_950
+
+
+def test_rows_that_duplicate_nothing_leave_every_earlier_decision_as_it_was() -> None:
+    """Adding rows that pair with no earlier row changes no earlier row's fate above the exact
+    method's size, with the models kept between cuts (as curation keeps them under the data root):
+    which pairs the multi-index finds is a function of the two rows alone, not of the rows beside
+    them (the trained cells and the codes do not move when rows are added)."""
+    from prx_assets.core.curate.multi_index import SearchModels
+
+    old, _ = spread_pairs(24_000, 384, seed=21)  # pairs spread down to the threshold: a few are missed
+    rng = np.random.default_rng(22)
+    new = rng.standard_normal((480, 384)).astype(np.float32)  # 2% new rows, far from every old one
+    new /= np.linalg.norm(new, axis=1, keepdims=True)
+    models = SearchModels.in_memory()
+    before = near_duplicates_embedding(old, 0.95, exact_below=0, models=models)
+    for extra in (new, new[:7], new[:1]):  # blocks of every shape: codes and cells must not move
+        after = near_duplicates_embedding(np.concatenate([old, extra]), 0.95, exact_below=0, models=models)
+        assert after[:len(old)] == before
+    assert len(models.trained) == 1  # one size generation: trained once, then kept
+    assert sum(before) < len(old)  # something was dropped: the check has pairs to lose
+
+
+def test_a_rows_projection_does_not_depend_on_the_rows_beside_it() -> None:
+    """BLAS picks a kernel by the shape of a call (a lone row goes through gemv, a short block
+    through edge kernels), and their sums round differently: the products that decide a row's
+    int8 code and cells are bit-for-bit the same whatever block the row arrives in."""
+    from prx_assets.core.curate.multi_index import row_products
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1_000, 1_152)).astype(np.float32)
+    m = rng.standard_normal((1_152, 128)).astype(np.float32)
+    whole = row_products(x, m)
+    for size in (1, 7, 300):
+        parts = np.concatenate([row_products(x[a:a + size], m) for a in range(0, len(x), size)])
+        assert np.array_equal(parts, whole)

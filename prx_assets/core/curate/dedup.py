@@ -30,9 +30,11 @@ import numpy as np
 from prx_assets.core.curate.multi_index import (
     ASSIGN_CHUNK,
     CODE_MARGIN,
+    SearchModels,
     encode_rows,
     multi_index_pairs,
     random_rotation,
+    row_products,
 )
 
 #: Items whose probes are expanded at a time (multi-index hashing).
@@ -279,8 +281,8 @@ def _pairs_between(unit: np.ndarray, queries: np.ndarray, members: np.ndarray, t
 
 
 def embedding_pairs(vectors: np.ndarray, threshold: float, exact_below: int = EMBEDDING_EXACT_BELOW,
-                    chunk: int = EMBEDDING_CHUNK, seed: int = 0,
-                    overwrite: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                    chunk: int = EMBEDDING_CHUNK, seed: int = 0, overwrite: bool = False,
+                    models: SearchModels | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(i, j)``, ``j < i``, of rows whose cosine is >= ``threshold`` (rows that are not
     finite vectors pair with nothing).
 
@@ -291,7 +293,8 @@ def embedding_pairs(vectors: np.ndarray, threshold: float, exact_below: int = EM
     every pair reported is a true pair; a pair is missed only when neither row's probes reach the
     other's cell in any table (recall measured by ``bench scale``). Work grows with ``n``, not
     ``n**1.5`` or ``n**2``. ``overwrite`` lets the exact method normalize a float32 ``vectors`` in
-    place instead of copying it.
+    place instead of copying it. ``models`` keeps the multi-index's trained part between calls, so
+    rows added later (pairing with no earlier row) leave the pairs among earlier rows as they were.
     """
     vectors = np.asarray(vectors)
     n, dim = len(vectors), (vectors.shape[1] if vectors.ndim == 2 else 0)
@@ -313,7 +316,7 @@ def embedding_pairs(vectors: np.ndarray, threshold: float, exact_below: int = EM
         codes.append(c)
         scales.append(sc)
     return projected_pairs(np.concatenate(codes), np.concatenate(scales), ok, threshold, dim,
-                           lambda rows: vectors[rows], rng)
+                           lambda rows: vectors[rows], rng, models=models)
 
 
 def projection_matrix(dim: int, rng: np.random.Generator, dims: int = EMBEDDING_PROJECTED_DIM) -> np.ndarray:
@@ -340,7 +343,7 @@ def encode_for_search(block: np.ndarray, mapping: np.ndarray) -> tuple[np.ndarra
     """For raw vectors ``block``: which rows are usable (finite and non-zero: a NaN or infinity
     anywhere makes every mapped component non-finite), and the usable rows through ``mapping``
     (:func:`search_map`), scaled to unit length and encoded (:func:`encode_rows`: codes, scales)."""
-    p = np.asarray(block, dtype=np.float32) @ mapping
+    p = row_products(np.asarray(block, dtype=np.float32), mapping)  # a row's code does not depend on its block
     norm = np.linalg.norm(p, axis=1)
     good = np.isfinite(p).all(axis=1) & (norm > 0)
     codes, scale = encode_rows(p[good] / norm[good, None])
@@ -349,18 +352,20 @@ def encode_for_search(block: np.ndarray, mapping: np.ndarray) -> tuple[np.ndarra
 
 def projected_pairs(codes: np.ndarray, scale: np.ndarray, ok: np.ndarray, threshold: float, dim: int,
                     fetch: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator,
-                    verify_rows: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
+                    verify_rows: int = 65_536, models: SearchModels | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(i, j)``, ``j < i``, of rows whose cosine is >= ``threshold``, for vectors too many
     to hold: ``codes``/``scale`` hold the usable rows' encodings (:func:`encode_for_search` with
     :func:`search_map` drawn first from ``rng``) in row order, ``ok`` says which of the ``dim``-d
     rows are usable, and ``fetch(rows)`` returns the raw vectors of the given rows. Candidates come
     from the inverted multi-index (:mod:`prx_assets.core.curate.multi_index`) and are checked on
     the full vectors, fetched ``verify_rows`` at a time, so memory holds the codes (about 132 bytes
-    a row) and one block, never every full vector."""
+    a row) and one block, never every full vector. With ``models`` the multi-index's trained part is
+    the kept one of the rows' size generation (trained from ``rng`` and kept when there is none)."""
     valid = np.flatnonzero(ok)
     if len(valid) < 2:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    pairs = multi_index_pairs(codes, scale, candidate_threshold(threshold, dim), rng)
+    model = models.model_for(codes, scale, rng) if models is not None else None
+    pairs = multi_index_pairs(codes, scale, candidate_threshold(threshold, dim), rng, model=model)
     keep = np.zeros(len(pairs), dtype=bool)
     step = max(1, verify_rows // 2)
     for a in range(0, len(pairs), step):  # each block fetches at most ``verify_rows`` full vectors
@@ -385,7 +390,7 @@ def projection_margin(threshold: float, dims: int) -> float:
 
 
 def near_duplicates_embedding(vectors: np.ndarray, threshold: float, exact_below: int = EMBEDDING_EXACT_BELOW,
-                              overwrite: bool = False) -> list[bool]:
+                              overwrite: bool = False, models: SearchModels | None = None) -> list[bool]:
     """Greedy in the given order: keep a vector unless its cosine with a kept one is >= threshold
     (pairs from :func:`embedding_pairs`; rows without a finite vector are kept).
 
@@ -393,5 +398,5 @@ def near_duplicates_embedding(vectors: np.ndarray, threshold: float, exact_below
     [True, False, True, True]
     """
     n = len(vectors)
-    later, earlier = embedding_pairs(vectors, threshold, exact_below=exact_below, overwrite=overwrite)
+    later, earlier = embedding_pairs(vectors, threshold, exact_below=exact_below, overwrite=overwrite, models=models)
     return greedy_keep(n, later, earlier).tolist()

@@ -16,13 +16,27 @@ one table's cell lists and a block of products. Recall is measured, not guarante
 vectors with pairs spread evenly between cosine 0.95 and 1.0 (the hardest case: no cluster
 structure to exploit) two tables found 0.99 of the pairs at 1M rows (``bench scale``; a flat
 inverted file with 6 probes found 0.96 there at more cost).
+
+Which pairs are found is a function of the two rows alone, so rows added later (that pair with
+no earlier row) never change an earlier row's fate: the trained part (rotations and centroids,
+:class:`SearchModel`) is kept between cuts, one per size generation (:class:`SearchModels`: the
+floor of log2 of the rows, so it is retrained each time the rows double), and every matrix
+product whose result decides a row's code or cells is computed in blocks of ``PRODUCT_ROWS`` rows
+(:func:`row_products`), since BLAS picks its kernel by the shape of the call and a row's sums
+round differently in a lone row (gemv) or a short block than in a full one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from prx_assets.errors import PrxError
 
 #: Rows a cell holds on average (``k = sqrt(n / CELL_ROWS)`` centroids per half).
 CELL_ROWS = 128
@@ -38,6 +52,33 @@ ASSIGN_CHUNK = 65_536
 PRODUCT_BLOCK = 16 * 2**20
 #: k-means iterations per half.
 KMEANS_ITERS = 8
+#: Rows per block of a matrix product whose rows must not depend on each other (see :func:`row_products`).
+PRODUCT_ROWS = 256
+#: Version of the trained model's layout and of how it is trained (part of where models are kept).
+MODEL_VERSION = 1
+
+
+class SearchModelError(PrxError):
+    """A kept search model cannot be read or does not fit the rows."""
+
+
+def row_products(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``x @ m`` with every row's result independent of the other rows of ``x``: the rows are
+    padded with zero rows to a multiple of ``PRODUCT_ROWS``, so BLAS runs one kind of kernel
+    whatever the number of rows (a lone row would go through gemv, a short block through edge
+    kernels, and both round their sums differently: int8 codes and nearest cells would then move
+    with the rows they happened to be computed with).
+
+    >>> rng = np.random.default_rng(0)
+    >>> x, m = rng.standard_normal((300, 40)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32)
+    >>> bool((row_products(x, m)[299] == row_products(x[299:], m)[0]).all())
+    True
+    """
+    n = len(x)
+    pad = -n % PRODUCT_ROWS
+    if pad:
+        x = np.concatenate([x, np.zeros((pad, x.shape[1]), dtype=x.dtype)])
+    return (x @ m)[:n]
 
 
 def random_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
@@ -82,7 +123,7 @@ def _kmeans(x: np.ndarray, k: int, rng: np.random.Generator, iters: int = KMEANS
 def _nearest(x: np.ndarray, cents: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``x``, its ``p`` nearest centroids (Euclidean) in order, and their squared
     distances minus ``|x|**2`` (the same order)."""
-    d = (cents * cents).sum(axis=1)[None, :] - 2.0 * (x @ cents.T)
+    d = (cents * cents).sum(axis=1)[None, :] - 2.0 * row_products(x, np.ascontiguousarray(cents.T))
     rows = np.arange(len(x))
     idx = np.empty((len(x), p), dtype=np.int64)
     val = np.empty((len(x), p), dtype=np.float32)
@@ -109,22 +150,19 @@ def _packed_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, packed.view(np.int64)
 
 
-def _cell_probes(codes: np.ndarray, scale: np.ndarray, rot: np.ndarray, k: int, probes: int,
-                 rng: np.random.Generator) -> np.ndarray:
+def _cell_probes(codes: np.ndarray, scale: np.ndarray, table: TableModel, probes: int) -> np.ndarray:
     """Each row's ``probes`` nearest cells of one table, nearest first (column 0: its home), from
-    the nearest ``ceil(sqrt(probes))`` centroids of each half."""
+    the nearest ``ceil(sqrt(probes))`` centroids of each half. A row's cells depend on it alone."""
     n, dim = codes.shape
     half = dim // 2
-    sample = np.sort(rng.choice(n, size=min(n, max(65_536, 64 * k)), replace=False))
-    x = decode_rows(codes[sample], scale[sample]) @ rot
-    c1, c2 = _kmeans(x[:, :half], k, rng), _kmeans(x[:, half:], k, rng)
+    k = len(table.first)
     p = min(math.isqrt(probes - 1) + 1, k)  # per half: enough for ``probes`` combinations
     probes = min(probes, p * p)
     cells = np.empty((n, probes), dtype=np.int32)
     for a in range(0, n, ASSIGN_CHUNK):
-        x = decode_rows(codes[a:a + ASSIGN_CHUNK], scale[a:a + ASSIGN_CHUNK]) @ rot
-        i1, d1 = _nearest(x[:, :half], c1, p)
-        i2, d2 = _nearest(x[:, half:], c2, p)
+        x = row_products(decode_rows(codes[a:a + ASSIGN_CHUNK], scale[a:a + ASSIGN_CHUNK]), table.rotation)
+        i1, d1 = _nearest(np.ascontiguousarray(x[:, :half]), table.first, p)
+        i2, d2 = _nearest(np.ascontiguousarray(x[:, half:]), table.second, p)
         total = (d1[:, :, None] + d2[:, None, :]).reshape(len(x), p * p)
         cell = (i1[:, :, None] * k + i2[:, None, :]).reshape(len(x), p * p)
         nearest = np.argsort(total, axis=1, kind="stable")[:, :probes]
@@ -132,11 +170,11 @@ def _cell_probes(codes: np.ndarray, scale: np.ndarray, rot: np.ndarray, k: int, 
     return cells
 
 
-def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, rot: np.ndarray, k: int,
-                 probes: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: TableModel,
+                 probes: int) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(i, j)``, ``i > j``, with decoded cosine >= ``threshold`` found by one table."""
-    cells = _cell_probes(codes, scale, rot, k, probes, rng)
-    n_cells = k * k
+    cells = _cell_probes(codes, scale, table, probes)
+    n_cells = len(table.first) * len(table.second)
     home_rows, home_keys = _packed_order(cells[:, 0])
     home_at = np.searchsorted(home_keys, np.arange(n_cells + 1))
     del home_keys
@@ -185,19 +223,144 @@ def cells_per_half(n: int, cell_rows: int = CELL_ROWS) -> int:
     return max(2, round(math.sqrt(n / cell_rows)))
 
 
+@dataclass(frozen=True, eq=False)
+class TableModel:
+    """One table's trained part: a rotation and the k-means centroids of each half of the rotated rows."""
+
+    rotation: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class SearchModel:
+    """The trained part of the multi-index (see module docs), kept between cuts so that which pairs
+    are found does not move when rows are added: ``rows`` is how many rows it was trained on."""
+
+    tables: tuple[TableModel, ...]
+    rows: int
+
+    @property
+    def dim(self) -> int:
+        """Dimensions of the codes it files."""
+        return self.tables[0].rotation.shape[0]
+
+    def to_bytes(self) -> bytes:
+        """The model as an ``.npz`` file's bytes (float32 arrays, no pickles)."""
+        arrays: dict[str, np.ndarray] = {"version": np.array([MODEL_VERSION]), "rows": np.array([self.rows])}
+        for t, table in enumerate(self.tables):
+            arrays.update({f"rotation{t}": table.rotation, f"first{t}": table.first, f"second{t}": table.second})
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = "model") -> SearchModel:
+        """A model from :meth:`to_bytes`; :class:`SearchModelError` naming ``where`` when it is not one."""
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                if int(z["version"][0]) != MODEL_VERSION:
+                    raise SearchModelError(f"{where}: search model version {int(z['version'][0])}, this code "
+                                           f"reads {MODEL_VERSION}; delete it to train a new one")
+                tables = tuple(TableModel(z[f"rotation{t}"], z[f"first{t}"], z[f"second{t}"])
+                               for t in range(sum(1 for k in z.files if k.startswith("rotation"))))
+                return cls(tables=tables, rows=int(z["rows"][0]))
+        except (OSError, KeyError, ValueError, EOFError) as e:
+            raise SearchModelError(f"{where} is not a readable search model ({type(e).__name__}: {e}); delete it "
+                                   "to train a new one (near-threshold embedding dedup decisions may then "
+                                   "differ once)") from None
+
+    def model_id(self) -> str:
+        """A short content hash of the model (recorded in a subset's lineage)."""
+        return hashlib.sha256(self.to_bytes()).hexdigest()[:12]
+
+
+def train_model(codes: np.ndarray, scale: np.ndarray, rng: np.random.Generator, tables: int = TABLES,
+                cell_rows: int = CELL_ROWS) -> SearchModel:
+    """Train the rotations and centroids for ``codes`` (:func:`encode_rows`): ``k`` centroids per half
+    (cells of about ``cell_rows`` rows), each table's k-means on a sample of the rows."""
+    n, dim = codes.shape
+    k = min(cells_per_half(n, cell_rows), max(2, n // 8))
+    half = dim // 2
+    out = []
+    for _ in range(max(1, tables)):
+        rot = random_rotation(dim, rng)
+        sample = np.sort(rng.choice(n, size=min(n, max(65_536, 64 * k)), replace=False))
+        x = row_products(decode_rows(codes[sample], scale[sample]), rot)
+        first = _kmeans(np.ascontiguousarray(x[:, :half]), k, rng)
+        second = _kmeans(np.ascontiguousarray(x[:, half:]), k, rng)
+        out.append(TableModel(rot, first, second))
+    return SearchModel(tables=tuple(out), rows=n)
+
+
+def generation(rows: int) -> int:
+    """The size generation of ``rows`` (the floor of log2): a kept model serves every cut of its
+    generation, so it is retrained each time the rows double (or halve).
+
+    >>> generation(1_000_000), generation(1_048_576), generation(1)
+    (19, 20, 0)
+    """
+    return max(0, int(rows).bit_length() - 1)
+
+
+@dataclass
+class SearchModels:
+    """Trained models kept between cuts, one per size generation: ``load(generation)`` gives a
+    kept model's bytes or ``None``; ``save_new(generation, bytes)`` keeps one unless another writer
+    kept one first (then it returns ``False`` and that one is used). ``where`` names the place in
+    errors. ``trained`` lists the generations this object trained, ``used`` the model id per generation."""
+
+    load: Callable[[int], bytes | None]
+    save_new: Callable[[int, bytes], bool]
+    where: Callable[[int], str] = lambda g: f"search model g{g}"
+    trained: list[int] = field(default_factory=list)
+    used: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def in_memory(cls) -> SearchModels:
+        """Models kept in this object only (tests, benches)."""
+        kept: dict[int, bytes] = {}
+
+        def save_new(g: int, data: bytes) -> bool:
+            return kept.setdefault(g, data) is data
+        return cls(load=kept.get, save_new=save_new)
+
+    def model_for(self, codes: np.ndarray, scale: np.ndarray, rng: np.random.Generator) -> SearchModel:
+        """The kept model of the rows' generation, trained (from ``rng``) and kept when there is none."""
+        g = generation(len(codes))
+        data = self.load(g)
+        if data is None:
+            model = train_model(codes, scale, rng)
+            data = model.to_bytes()
+            if self.save_new(g, data):
+                self.trained.append(g)
+            else:  # another cut kept one first: use it, so every cut of this generation agrees
+                data = self.load(g)
+                if data is None:
+                    raise SearchModelError(f"{self.where(g)}: another writer kept a model but it cannot be read back")
+        model = SearchModel.from_bytes(data, self.where(g))
+        if model.dim != codes.shape[1]:
+            raise SearchModelError(f"{self.where(g)} files {model.dim}-d codes, these are {codes.shape[1]}-d; "
+                                   "delete it to train a new one")
+        self.used[g] = model.model_id()
+        return model
+
+
 def multi_index_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, rng: np.random.Generator,
-                      tables: int = TABLES, probes: int = PROBES, cell_rows: int = CELL_ROWS) -> np.ndarray:
+                      tables: int = TABLES, probes: int = PROBES, cell_rows: int = CELL_ROWS,
+                      model: SearchModel | None = None) -> np.ndarray:
     """Unique pairs ``(i, j)``, ``i > j``, of rows whose decoded cosine is >= ``threshold``, found
     through ``tables`` inverted multi-indexes (see module docs), as an ``m x 2`` array sorted by row.
 
-    ``codes``/``scale`` come from :func:`encode_rows`; the draws (rotations, k-means samples) come
-    from ``rng``, so the same rows and seed give the same pairs."""
+    ``codes``/``scale`` come from :func:`encode_rows`. With ``model`` (a kept :class:`SearchModel`)
+    nothing is drawn from ``rng``; without one it is trained from ``rng`` (rotations, k-means
+    samples), so the same rows and seed give the same pairs."""
     n, dim = codes.shape
     if n < 2 or dim < 2:
         return np.zeros((0, 2), np.int64)
-    k = min(cells_per_half(n, cell_rows), max(2, n // 8))
-    found = [_table_pairs(codes, scale, threshold, random_rotation(dim, rng), k, probes, rng)
-             for _ in range(max(1, tables))]
+    if model is None:
+        model = train_model(codes, scale, rng, tables, cell_rows)
+    found = [_table_pairs(codes, scale, threshold, table, probes) for table in model.tables]
     packed = np.unique(np.concatenate([(i.astype(np.uint64) << np.uint64(32)) | j.astype(np.uint64)
                                        for i, j in found]))
     return np.stack([(packed >> np.uint64(32)).astype(np.int64), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)],

@@ -19,6 +19,7 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import lance
 import numpy as np
@@ -36,6 +37,7 @@ from prx_assets.core.curate.dedup import (
     search_map,
 )
 from prx_assets.core.curate.digests import content_hash_of, digests_of
+from prx_assets.core.curate.multi_index import SearchModels
 from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.lab.changes import vector_matrix
@@ -65,6 +67,8 @@ class Subset:
     total: int = 0
     content_hash: str = ""
     optout_dropped: dict[str, int] = field(default_factory=dict)  # request id -> images it removed
+    #: Lineage that is not identity (e.g. ``search_model``: the kept model embedding dedup filed rows with).
+    lineage: dict[str, Any] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -133,9 +137,13 @@ SCAN_ABOVE_SHARE = 0.25
 
 
 def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence[str] = (),
-           embedding_column: str | None = None, optouts: Sequence[OptOutRequest] = ()) -> Subset:
+           embedding_column: str | None = None, optouts: Sequence[OptOutRequest] = (),
+           search_models: SearchModels | None = None) -> Subset:
     """Run ``recipe`` on the lab version ``ds`` (see module docs); ``optouts`` (recorded requests)
     apply to every recipe, each with its own drop count in ``Subset.optout_dropped``.
+    ``search_models`` keeps embedding dedup's trained multi-index between cuts (see
+    :mod:`prx_assets.core.curate.search_models`): without it, rows added later may move which
+    near-threshold pairs among earlier rows are found.
 
     The candidates stream from one Lance scan (the filters pushed down) in Arrow batches; the rules
     that look at one row at a time (opt-outs, requests, captions) filter each batch as it comes, and
@@ -191,7 +199,12 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         apply("dedup_phash", near_duplicates_phash(_column_at(t, "phash", alive).astype(np.uint64),
                                                    int(recipe.dedup.phash_distance)))
     if threshold is not None and embedding_column is not None:
-        apply("dedup_embedding", embedding_keep(ds, embedding_column, _column_at(t, "_rowid", alive), float(threshold)))
+        apply("dedup_embedding", embedding_keep(ds, embedding_column, _column_at(t, "_rowid", alive), float(threshold),
+                                                models=search_models))
+        if search_models is not None and search_models.used:
+            (g, model_id), = search_models.used.items()
+            out.lineage["search_model"] = {"generation": g, "model_id": model_id,
+                                           "trained_now": g in search_models.trained}
     kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(np.sort(alive)))
     del t
     kept = kept.take(pc.sort_indices(kept, sort_keys=[("image_id", "ascending")]))
@@ -321,9 +334,10 @@ def sha_keys(sha256: pa.Array) -> pa.FixedSizeBinaryArray:
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n, [None, pa.py_buffer(out.tobytes())])
 
 
-def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, threshold: float) -> np.ndarray:
+def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, threshold: float,
+                   models: SearchModels | None = None) -> np.ndarray:
     """Greedy embedding dedup of the rows ``row_ids`` in their order (see
-    :mod:`prx_assets.core.curate.dedup`).
+    :mod:`prx_assets.core.curate.dedup`); ``models`` keeps the multi-index's trained part.
 
     Up to ``EMBEDDING_EXACT_BELOW`` rows their vectors are read into one matrix and every pair is
     compared. Above it only int8 codes of the vectors are held (about 132 bytes a row, 1.3 GB at
@@ -365,7 +379,8 @@ def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, thr
         read_by_row_ids(ds, column, row_ids[rows], put, scan=False)
         return out
 
-    later, earlier = projected_pairs(codes[:len(valid)], scale[:len(valid)], ok, threshold, dim, fetch, rng)
+    later, earlier = projected_pairs(codes[:len(valid)], scale[:len(valid)], ok, threshold, dim, fetch, rng,
+                                     models=models)
     return greedy_keep(n, later, earlier)
 
 

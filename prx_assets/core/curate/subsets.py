@@ -66,7 +66,7 @@ def write_subset(root: DataRoot, ds: lance.LanceDataset, recipe: Recipe, subset:
         lance_version=subset.version, lance_tag=tag, ids=root.join(layout.subset_ids(recipe.name, sid)),
         selected=subset.count, total=subset.total, dropped=dict(subset.dropped),
         buckets=dict(subset.buckets), caption_columns=tuple(subset.caption_columns),
-        optout_requests=dict(subset.optout_dropped), version=subset.version)
+        optout_requests=dict(subset.optout_dropped), version=subset.version, extra=dict(subset.lineage))
     crash_point("curate.before_manifest")
     root.write_bytes(layout.subset_manifest(recipe.name, sid), manifest.to_json())
     return StoredSubset(subset_id=sid, uri=root.join(layout.subset_dir(recipe.name, sid)), tag=tag, manifest=manifest)
