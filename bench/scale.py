@@ -15,7 +15,9 @@ RSS from ``getrusage``), side by side and alternating (ABAB) after a warm-up of 
   rows outside an index before and after, time, peak memory);
 - **curation**: one recipe with min side, captions, exact + pHash + embedding dedup; pHash
   dedup against the all-pairs greedy method on 20k rows; the embedding multi-index's recall
-  against every pair, for 2,000 sampled rows of up to 1M;
+  against every pair, for 2,000 sampled rows of up to 1M; **churn** (``embedding_churn``): 1%
+  new images that duplicate nothing, then the recipe cut again, with kept search models and
+  with a model trained per cut: how many earlier images moved in or out of the subset (goal 0);
 - **commit latency**: one ingest commit of 5,000 rows (``replace_partition``) into the
   table at 1% of its size vs at full size; 8 processes committing at once, local and on a
   moto S3 endpoint;
@@ -554,18 +556,25 @@ def child_main(argv: list[str]) -> None:
                        vector_index_min_rows=VECTOR_INDEX_MIN_ROWS)
         result.update(seconds=time.perf_counter() - t, modes=res.modes, rows_updated=res.rows_updated,
                       parts=res.seconds)
-    elif kind == "curate":  # recipe: min side, captions, exact + pHash + embedding dedup
+    elif kind == "curate":  # recipe: min side, captions, exact + pHash + embedding dedup; argv[2]: ids out
+        import pyarrow.parquet as pq
+
         from prx_assets.core.curate.recipes import Dedup, Recipe
+        from prx_assets.core.curate.search_models import search_models
         from prx_assets.core.curate.selection import select
         from prx_assets.core.lab.sync import embedding_column
 
         recipe = Recipe(name="scale", min_side=300, captions=("c-1",),
                         dedup=Dedup(exact=True, phash_distance=4, embedding_threshold=EMBEDDING_THRESHOLD))
+        column = embedding_column("e-1")
+        kept = os.environ.get("PRX_BENCH_SCALE_SEARCH_MODELS", "1") != "0"  # 0: train per cut (curation-1)
         t = time.perf_counter()
-        sub = select(lance.dataset(table_uri(root, "images")), recipe, ["c-1"],
-                     embedding_column=embedding_column("e-1"))
+        sub = select(lance.dataset(table_uri(root, "images")), recipe, ["c-1"], embedding_column=column,
+                     search_models=search_models(root, recipe, column) if kept else None)
         result.update(seconds=time.perf_counter() - t, selected=sub.count, dropped=sub.dropped,
-                      content_hash=sub.content_hash)
+                      content_hash=sub.content_hash, search_model=sub.lineage.get("search_model"))
+        if len(argv) > 2:
+            pq.write_table(sub.selected.select(["image_id"]), argv[2])
     elif kind == "embedding_check":  # the inverted file vs every pair, for sampled query rows
         from prx_assets.core.curate.dedup import embedding_pairs
         from prx_assets.core.lab.changes import vector_matrix
@@ -701,7 +710,8 @@ def run() -> dict[str, Any]:
                     "first_sync_peak_gb": round(first["peak_gb"], 2),
                     "lab_sync_delta_share": syncs[SYNC_SCENARIOS[0]]["share"],
                     "lab_sync_peak_gb": max(v["changes_peak_gb"] for v in syncs.values()), "lab_sync": syncs}
-        curation = _child(["curate", big])
+        curation = _child(["curate", big, str(tmp / "cut-kept.parquet")])
+        churn = None if "churn" in SKIP else embedding_churn(big, tmp)
         maintenance = _child(["maintain", big])
         phash = _child(["phash_check", big, str(min(ROWS, 20_000))])
         emb = _child(["embedding_check", big, str(min(ROWS, EMBEDDING_CHECK_ROWS)), str(EMBEDDING_CHECK_QUERIES)])
@@ -728,6 +738,7 @@ def run() -> dict[str, Any]:
             "lab_sync": syncs,
             "curation_seconds": round(curation["seconds"], 2), "curation_peak_gb": round(curation["peak_gb"], 2),
             "curation_selected": curation["selected"], "curation_dropped": curation["dropped"],
+            "embedding_churn": churn, "embedding_churn_rows": churn["kept_models"]["old_rows_moved"] if churn else None,
             "maintenance": {k: round(v, 2) if isinstance(v, float) else v for k, v in maintenance.items()},
             "phash_pairs_match": phash["match"], "phash_check_sample": phash["sample"],
             "embedding_recall": None if emb["recall"] is None else round(emb["recall"], 4),
@@ -746,6 +757,37 @@ def run() -> dict[str, Any]:
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def embedding_churn(big: str, tmp: Path) -> dict[str, Any]:
+    """Whether adding images that duplicate nothing moves earlier images in or out of a subset: the
+    bench recipe cut with kept search models (curation's default; the first cut is the measured
+    ``curate`` above, which trained and kept the model) and without (a model trained per cut, as
+    curation-1 did), then 1% new images ingested, captioned, embedded and synced, then both cut again:
+    how many earlier rows changed their fate on each side (0 is the goal), and each re-cut's time."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    without = {"PRX_BENCH_SCALE_SEARCH_MODELS": "0"}
+    _child(["curate", big, str(tmp / "cut-fresh.parquet")], env=without)
+    r = next(_CHANGE_ROUNDS)
+    _child(["change", big, str(ROWS), str(r), "new"])
+    _child(["sync", big, "changes"])
+    n = max(1, ROWS // 100)
+    new_ids = pa.array(_ids(2 * 10**10 + r * n, n))  # the ids ``change ... new`` gave the new batch
+    out: dict[str, Any] = {"added": n}
+    for side, env in (("kept_models", None), ("trained_per_cut", without)):
+        name = "kept" if env is None else "fresh"
+        again = _child(["curate", big, str(tmp / f"recut-{name}.parquet")], env=env)
+        before = pq.read_table(tmp / f"cut-{name}.parquet").column("image_id")
+        after = pq.read_table(tmp / f"recut-{name}.parquet").column("image_id")
+        old_after = after.filter(pc.invert(pc.is_in(after, value_set=new_ids)))
+        dropped = int(pc.sum(pc.invert(pc.is_in(before, value_set=old_after.combine_chunks()))).as_py() or 0)
+        added = int(pc.sum(pc.invert(pc.is_in(old_after, value_set=before.combine_chunks()))).as_py() or 0)
+        out[side] = {"old_rows_moved": dropped + added, "old_dropped": dropped, "old_added": added,
+                     "new_selected": len(after) - len(old_after), "recut_seconds": round(again["seconds"], 2),
+                     "search_model": again.get("search_model")}
+    return out
 
 
 SCENARIO_NAMES = {"new": "new images (a batch, captioned and embedded)",
@@ -770,6 +812,11 @@ def format_table(r: dict[str, Any]) -> str:
         *([] if "curation_seconds" not in r else [
         f"  curation (min side, captions, exact + pHash + embedding dedup): {r['curation_seconds']} s, peak "
         f"{r['curation_peak_gb']} GB, {r['curation_selected']:,} selected, dropped {r['curation_dropped']}",
+        *([f"  {r['embedding_churn']['added']:,} new images that duplicate nothing, then the recipe cut again: "
+           f"earlier images moved in or out {r['embedding_churn']['kept_models']['old_rows_moved']} with kept search "
+           f"models (re-cut {r['embedding_churn']['kept_models']['recut_seconds']} s) vs "
+           f"{r['embedding_churn']['trained_per_cut']['old_rows_moved']} with a model trained per cut "
+           f"({r['embedding_churn']['trained_per_cut']['recut_seconds']} s; target 0)"] if r.get("embedding_churn") else []),
         *([f"  maintenance of the lab after the rounds (compaction, index optimisation, cleanup): "
            f"{r['maintenance']['seconds']} s, fragments {r['maintenance']['fragments_before']} -> "
            f"{r['maintenance']['fragments_after']}, rows outside an index {r['maintenance']['unindexed_before']:,} -> "

@@ -655,7 +655,7 @@ def cmd_optout(args: argparse.Namespace) -> int:
     import pyarrow.compute as pc
 
     from prx_assets.core.curate.optout import new_request, read_lines, record
-    from prx_assets.core.curate.subsets import read_subset
+    from prx_assets.core.curate.subsets import read_subset_table
     from prx_assets.core.lab.sql import chunks, where_in
     from prx_assets.defs.staleness import latest_data_version
 
@@ -685,10 +685,10 @@ def cmd_optout(args: argparse.Namespace) -> int:
         if not sid:
             continue
         try:
-            _, subset_ids = read_subset(root, recipe, sid)
+            subset_ids = read_subset_table(root, recipe, sid).column("image_id")  # Arrow, not a list of a subset
         except (OSError, PrxError):
             continue
-        n = int(pc.sum(pc.is_in(pa.array(subset_ids, pa.string()), value_set=wanted)).as_py() or 0)
+        n = int(pc.sum(pc.is_in(subset_ids, value_set=wanted)).as_py() or 0)
         print(f"  recipe {recipe}: {n} of them in its current subset"
               + (" -> the next `prx-assets run` republishes its shard set with a skip list" if n else ""))
     return 0

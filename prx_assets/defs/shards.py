@@ -107,7 +107,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     sid = _subset_of(context)
     subset_manifest = read_subset_manifest(root, recipe.name, sid)
     subset_table = read_subset_table(root, recipe.name, sid)
-    ids = subset_table.column("image_id").to_pylist()
+    ids = subset_table.column("image_id")  # Arrow: a subset's ids are never one Python list
     lab = open_pinned(subset_manifest, root.storage_options())
     models = project.models()
     if config.precomputed_latents and models.text_encoder is None:

@@ -272,3 +272,20 @@ def test_reading_sets_back_does_not_leak_file_descriptors(lab) -> None:
     for _ in range(5):
         assert verify_shard_set(m, ds).passed
     assert shared_memory_fds() <= before
+
+
+@pytest.mark.parametrize("by_bucket", [False, True])
+def test_arrow_ids_write_the_same_files_as_a_list(lab, tmp_path: Path, by_bucket: bool) -> None:
+    """mds_shards hands the subset's ids over as Arrow (never one Python list of a whole subset): the
+    shards, indexes and sample maps are byte for byte those a list of the same ids writes."""
+    import pyarrow as pa
+
+    root, ds, ids = lab
+    settings = ShardSettings(workers=2, size_limit=1 << 16, by_bucket=by_bucket)
+    as_list = write_shard_set(root, ds, Recipe(name="r"), _subset(ds, ids, "l"), ids, [], settings)
+    other = DataRoot(str(tmp_path / "other"))
+    chunked = pa.chunked_array([pa.array(ids[:5]), pa.array(ids[5:])])
+    as_arrow = write_shard_set(other, ds, Recipe(name="r"), _subset(ds, ids, "l"), chunked, [], settings)
+    files = {k: v for k, v in _files(Path(as_list.uri)).items() if k != "manifest.json"}
+    assert files == {k: v for k, v in _files(Path(as_arrow.uri)).items() if k != "manifest.json"}
+    assert as_arrow.samples == len(ids) and (by_bucket is False or as_arrow.bucket_streams)

@@ -85,7 +85,8 @@ def read_subset_table(root: DataRoot, recipe: str, sid: str) -> pa.Table:
 
 
 def read_subset(root: DataRoot, recipe: str, sid: str) -> tuple[SubsetManifest, list[str]]:
-    """The manifest and ids of a stored subset."""
+    """The manifest and ids of a stored subset, the ids as a Python list (small subsets and tests; at
+    scale read :func:`read_subset_table` and keep the ids as Arrow)."""
     manifest = read_subset_manifest(root, recipe, sid)
     ids = pq.read_table(io.BytesIO(root.read_bytes(layout.subset_ids(recipe, sid)))).column("image_id").to_pylist()
     return manifest, ids

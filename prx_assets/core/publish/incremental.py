@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prx_assets.core.config.storage import DataRoot, read_uri
@@ -80,7 +81,7 @@ class Delta:
     """What changes from the previous set: samples to add (ids) and the cumulative skip list."""
 
     previous: ShardSetManifest
-    added: list[str]
+    added: pa.Array  # image ids, sorted
     skip: pa.Table  # stream, index, image_id: every sample of the previous streams not to yield
     removed: int  # newly skipped by this change
 
@@ -133,22 +134,22 @@ def plan_delta(root: DataRoot, previous: ShardSetManifest, new: pa.Table,
     delta_samples = sum(int(s["samples"]) for s in previous.streams[1:]) + added.num_rows
     if new.num_rows == 0 or (delta_samples + skip.num_rows) / new.num_rows > compact_above:
         return None
-    return Delta(previous=previous, added=sorted(added.column("image_id").to_pylist()), skip=skip,
+    added_ids = added.column("image_id").combine_chunks()
+    return Delta(previous=previous, added=added_ids.take(pc.sort_indices(added_ids)), skip=skip,
                  removed=removed.num_rows)
 
 
-def sample_map(index: Mapping[str, Any], parts: Sequence[tuple[str, Sequence[tuple[str, str]]]]) -> pa.Table:
-    """``samples.parquet`` of a stream merged from part folders: each part's ``(image_id, digest)`` in
-    write order, placed where the merged ``index.json`` puts the part's shards."""
-    by_folder = {folder: list(rows) for folder, rows in parts}
+def sample_map(index: Mapping[str, Any], parts: Sequence[tuple[str, pa.Table]]) -> pa.Table:
+    """``samples.parquet`` of a stream merged from part folders: each part's ``image_id`` and ``digest``
+    (a table in write order), placed where the merged ``index.json`` puts the part's shards (Arrow
+    slices: no Python object per sample)."""
+    by_folder = dict(parts)
     taken: dict[str, int] = {}
-    ids: list[str] = []
-    digests: list[str] = []
+    pieces: list[pa.Table] = []
     for shard in index["shards"]:
         folder = shard["raw_data"]["basename"].rsplit("/", 1)[0] if "/" in shard["raw_data"]["basename"] else ""
         start = taken.get(folder, 0)
-        rows = by_folder[folder][start:start + int(shard["samples"])]
-        taken[folder] = start + len(rows)
-        ids += [r[0] for r in rows]
-        digests += [r[1] for r in rows]
-    return pa.table({"image_id": ids, "digest": digests}, schema=SAMPLES_SCHEMA)
+        rows = by_folder[folder].slice(start, int(shard["samples"]))
+        taken[folder] = start + rows.num_rows
+        pieces.append(rows.select(["image_id", "digest"]).cast(SAMPLES_SCHEMA))
+    return pa.concat_tables(pieces).combine_chunks() if pieces else SAMPLES_SCHEMA.empty_table()

@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import lance
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot, is_remote, read_uri
@@ -45,7 +47,7 @@ from prx_assets.core.config.stores import split_object_uri
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.faults import crash_point
 from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
-from prx_assets.core.lab.sql import ID_CHUNK, rows_by_ids, where_eq
+from prx_assets.core.lab.sql import ID_CHUNK, fetch_by_ids, rows_by_ids, where_eq
 from prx_assets.core.lab.sync import caption_column
 from prx_assets.core.layout import SIDECAR_DIR
 from prx_assets.core.manifests import ShardSetManifest, SubsetManifest
@@ -142,43 +144,69 @@ def _add_latents(samples: list[dict[str, Any]], encoder: TextEncoder, caption_ke
                 s[mask_column(mds_col, tower)] = ma
 
 
-def _write_part(lab: lance.LanceDataset, ids: Sequence[str], out: str, columns: dict[str, str],
+#: Image ids as handed between the shard writer's steps: one Arrow string array (never a Python list
+#: of a whole subset: 10^8 ids are about 4 GB as Arrow and several times that as Python strings).
+Ids = pa.Array
+
+
+def as_ids(ids: Sequence[str] | pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``ids`` as one Arrow string array (a Python list is converted; Arrow input is not copied
+    unless it comes in several chunks)."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
+    elif not isinstance(ids, pa.Array):
+        ids = pa.array(list(ids), pa.string())
+    return ids.cast(pa.string()) if ids.type != pa.string() else ids
+
+
+def id_chunks(ids: Ids, size: int = ID_CHUNK) -> Iterator[list[str]]:
+    """Consecutive chunks of ``ids`` as Python lists of at most ``size`` ids (the only Python objects
+    a step holds)."""
+    for start in range(0, len(ids), size):
+        yield ids.slice(start, size).to_pylist()
+
+
+def _write_part(lab: lance.LanceDataset, ids: Ids, out: str, columns: dict[str, str],
                 plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None = None,
-                caption_columns: Sequence[str] = ()) -> list[tuple[str, str]]:
-    """Write ``ids`` as one MDS part; return ``(image_id, digest)`` per sample in write order."""
+                caption_columns: Sequence[str] = ()) -> pa.Table:
+    """Write ``ids`` as one MDS part; return its ``image_id`` and ``digest`` per sample in write order
+    (Arrow, built a chunk of ids at a time)."""
     from streaming import MDSWriter
 
     sources = [c for cs in plan["columns"].values() for c in cs]
     lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *sources, *digest_columns(caption_columns)]))
-    written: list[tuple[str, str]] = []
+    digests: list[pa.Array] = []
     with MDSWriter(out=out, columns=columns, compression=settings.compression,
                    hashes=list(settings.hashes) or None, size_limit=settings.size_limit) as writer:
-        for chunk, rows in rows_by_ids(lab, ids, lab_cols):
+        for part in id_chunks(ids):
+            (chunk, rows), = rows_by_ids(lab, part, lab_cols, chunk=len(part))
             samples = _caption_samples(rows, chunk, plan, lab.version)
+            chunk_digests = []
             for image_id, sample in zip(chunk, samples, strict=True):
                 r = rows[image_id]
                 sample.update({k: r[v] for k, v in MDS_FROM_LAB.items()})
-                written.append((image_id, sample_digest(r, caption_columns)))
+                chunk_digests.append(sample_digest(r, caption_columns))
+            digests.append(pa.array(chunk_digests, pa.string()))
             if encoder is not None:
                 _add_latents(samples, encoder, list(plan["columns"]))
             for sample in samples:
                 writer.write(sample)
-    return written
+    return pa.table({"image_id": ids, "digest": pa.chunked_array(digests, pa.string())}, schema=SAMPLES_SCHEMA)
 
 
-def subset_digests(lab: lance.LanceDataset, ids: Sequence[str], caption_columns: Sequence[str]) -> pa.Table:
+def subset_digests(lab: lance.LanceDataset, ids: Sequence[str] | pa.Array | pa.ChunkedArray,
+                   caption_columns: Sequence[str]) -> pa.Table:
     """``image_id`` and content ``digest`` of every subset sample, from the lab (for subsets written
-    before their ``ids.parquet`` kept digests)."""
-    out_ids: list[str] = []
-    digests: list[str] = []
-    for chunk, rows in rows_by_ids(lab, ids, digest_columns(caption_columns)):
-        for image_id in chunk:
-            r = rows.get(image_id)
-            if r is None:
-                raise ShardError(f"image {image_id!r} is in the subset but not in Lance version {lab.version}")
-            out_ids.append(image_id)
-            digests.append(sample_digest(r, caption_columns))
-    return pa.table({"image_id": out_ids, "digest": digests}, schema=SAMPLES_SCHEMA)
+    before their ``ids.parquet`` kept digests), built a chunk of ids at a time."""
+    ids = as_ids(ids)
+    digests: list[pa.Array] = []
+    for part in id_chunks(ids):
+        (chunk, rows), = rows_by_ids(lab, part, digest_columns(caption_columns), chunk=len(part))
+        missing = next((i for i in chunk if i not in rows), None)
+        if missing is not None:
+            raise ShardError(f"image {missing!r} is in the subset but not in Lance version {lab.version}")
+        digests.append(pa.array([sample_digest(rows[i], caption_columns) for i in chunk], pa.string()))
+    return pa.table({"image_id": ids, "digest": pa.chunked_array(digests, pa.string())}, schema=SAMPLES_SCHEMA)
 
 
 def merge_part_indexes(root: Path, parts: Sequence[Path]) -> None:
@@ -218,7 +246,8 @@ def shard_set_id(subset_id: str, settings: ShardSettings, plan: dict[str, Any]) 
 
 
 def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, subset_manifest: SubsetManifest,
-                    ids: Sequence[str], captioner_ids: Sequence[str], settings: ShardSettings,
+                    ids: Sequence[str] | pa.Array | pa.ChunkedArray, captioner_ids: Sequence[str],
+                    settings: ShardSettings,
                     lineage: dict[str, Any] | None = None, previous: ShardSetManifest | None = None,
                     compact_above: float = COMPACT_ABOVE, digests: pa.Table | None = None) -> ShardSetManifest:
     """Write and publish the shard set of a subset; return its manifest (reused if already published).
@@ -228,8 +257,10 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     into one delta stream and removed ones into the skip list (see
     :mod:`prx_assets.core.publish.incremental`); past ``compact_above`` it is written whole.
     ``digests`` (``image_id``, ``digest``: the subset's ``ids.parquet``) spares reading them from the lab.
+    ``ids`` may be Arrow (a subset's ``image_id`` column): it is never turned into one Python list.
     """
-    if not ids:
+    ids = as_ids(ids)
+    if len(ids) == 0:
         raise ShardError(f"recipe {recipe.name!r} selected no images at Lance version "
                          f"{subset_manifest.lance_version}; loosen the recipe (see curated_subsets' "
                          "dropped_by_rule) before writing shards")
@@ -283,7 +314,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
             skip_uri, skipped = root.join(rel, SKIP_FILE), delta.skip.num_rows
             skip_sha256 = hashlib.sha256(skip_bytes).hexdigest()
             shards_total = delta.previous.shards + (len(json.loads((staging / "delta" / layout.MDS_INDEX)
-                                                                   .read_text())["shards"]) if delta.added else 0)
+                                                                   .read_text())["shards"]) if len(delta.added) else 0)
         files = sorted(p for p in staging.rglob("*") if p.is_file())
         written_bytes = sum(p.stat().st_size for p in files)
         manifest = ShardSetManifest(
@@ -427,25 +458,27 @@ def _write_sidecars(root: DataRoot, staging: Path, lab: lance.LanceDataset, prev
     return dataclasses.replace(previous, streams=tuple(streams)), tables
 
 
-def _write_whole(staging: Path, lab: lance.LanceDataset, ids: Sequence[str], columns: dict[str, str],
+def _write_whole(staging: Path, lab: lance.LanceDataset, ids: Ids, columns: dict[str, str],
                  plan: dict[str, Any], settings: ShardSettings, encoder: TextEncoder | None, *, uri: str,
                  set_id: str, caption_columns: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
     """The whole subset as one stream (plus per-bucket sub-streams when asked); its sample map."""
     from streaming.base.util import merge_index
 
-    groups: dict[str, list[str]] = {"": list(ids)}
+    groups: dict[str, Ids] = {"": ids}
     if settings.by_bucket:  # one sub-stream (folder with its own index.json) per aspect bucket
         groups = {}
-        for _, rows in rows_by_ids(lab, ids, ["aspect_bucket"], chunk=1000):
-            for r in rows.values():
-                groups.setdefault(bucket_dir(r["aspect_bucket"]), []).append(r["image_id"])
-        groups = {k: sorted(v) for k, v in sorted(groups.items())}
-    jobs = []
+        found = [fetch_by_ids(lab, part, ["image_id", "aspect_bucket"]) for part in id_chunks(ids, 1000)]
+        table = pa.concat_tables(found) if found else pa.table({"image_id": pa.array([], pa.string()),
+                                                                "aspect_bucket": pa.array([], pa.string())})
+        for bucket in sorted(pc.unique(table.column("aspect_bucket")).to_pylist(), key=bucket_dir):
+            members = as_ids(table.filter(pc.equal(table.column("aspect_bucket"), bucket)).column("image_id"))
+            groups[bucket_dir(bucket)] = members.take(pc.sort_indices(members))
+    jobs: list[tuple[str, Ids]] = []
     for sub, sub_ids in groups.items():
         workers = max(1, min(settings.workers, len(sub_ids) // 256 or 1))
-        for i in range(workers):
+        for i in range(workers):  # every ``workers``-th id from ``i``: the split the sets were always written with
             folder = f"{sub}/part-{len(jobs):05d}" if sub else f"part-{len(jobs):05d}"
-            jobs.append((folder, sub_ids[i::workers]))
+            jobs.append((folder, sub_ids.take(pa.array(np.arange(i, len(sub_ids), workers)))))
     with ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
         written = list(pool.map(lambda j: _write_part(lab, j[1], str(staging / j[0]), columns, plan, settings,
                                                       encoder, caption_columns), jobs))
@@ -471,7 +504,7 @@ def _write_delta(staging: Path, lab: lance.LanceDataset, delta: Delta, columns: 
     from streaming.base.util import merge_index
 
     streams = [dict(s) for s in delta.previous.streams]
-    if delta.added:
+    if len(delta.added):
         folder = staging / "delta"
         rows = _write_part(lab, delta.added, str(folder / "part-00000"), columns, plan, settings, encoder,
                            caption_columns)
@@ -480,7 +513,7 @@ def _write_delta(staging: Path, lab: lance.LanceDataset, delta: Delta, columns: 
         (folder / SAMPLES_FILE).write_bytes(parquet_bytes(samples))
         streams.append({"uri": uri_join(uri, "delta"), "samples": samples.num_rows, "role": "delta",
                         "written_by": set_id})
-    return streams, {}, 1 if delta.added else 0
+    return streams, {}, 1 if len(delta.added) else 0
 
 
 def read_shard_set_manifest(root: DataRoot, recipe: str, set_id: str) -> ShardSetManifest:
