@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.project import data_root, load_sources
@@ -403,24 +404,31 @@ def _execute(job: Any, instance: dg.DagsterInstance, key: dg.AssetKey, pk: str |
     return 1
 
 
+def _counts(ds: Any, column: str, total: str | None = None) -> tuple[int, dict[str, int], int]:
+    """Rows, rows per value of ``column`` and the sum of ``total`` over a Lance table, from one scan a
+    batch at a time (Arrow value counts per batch: memory bounded by the batch, not the table)."""
+    rows, by_value, summed = 0, Counter[str](), 0
+    for batch in ds.scanner(columns=[column, *([total] if total else [])], batch_size=65_536).to_batches():
+        rows += batch.num_rows
+        for c in pc.value_counts(batch.column(0)).to_pylist():
+            by_value[c["values"]] += int(c["counts"])
+        if total:
+            summed += int(pc.sum(batch.column(1)).as_py() or 0)
+    return rows, dict(sorted(by_value.items())), summed
+
+
 def table_summary(root: DataRoot) -> dict[str, Any]:
     """Rows per source, rejects per reason, and versions of the Lance tables."""
     out: dict[str, Any] = {"data_root": root.uri}
     images = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
     if images is not None:
-        t = images.to_table(columns=["source", "jpeg_bytes"])
-        out["images"] = {
-            "rows": t.num_rows,
-            "by_source": dict(sorted(Counter(t.column("source").to_pylist()).items())),
-            "jpeg_bytes": sum(t.column("jpeg_bytes").to_pylist()),
-            "lance_version": images.version,
-            "uri": images.uri,
-        }
+        rows, by_source, jpeg_bytes = _counts(images, "source", "jpeg_bytes")
+        out["images"] = {"rows": rows, "by_source": by_source, "jpeg_bytes": jpeg_bytes,
+                         "lance_version": images.version, "uri": images.uri}
     captions = open_table(table_uri(root, CAPTIONS_TABLE), root.storage_options())
     if captions is not None:
-        t = captions.to_table(columns=["captioner_id"])
-        out["captions"] = {"rows": t.num_rows, "lance_version": captions.version,
-                           "by_captioner": dict(sorted(Counter(t.column("captioner_id").to_pylist()).items()))}
+        rows, by_captioner, _ = _counts(captions, "captioner_id")
+        out["captions"] = {"rows": rows, "lance_version": captions.version, "by_captioner": by_captioner}
     names = {layout.table_name(p.split("/")[1]) for p in root.list(layout.LANCE_DIR)}
     for name in sorted(n for n in names if n and n.startswith("embeddings_")):
         ds = open_table(table_uri(root, name), root.storage_options())
@@ -429,9 +437,8 @@ def table_summary(root: DataRoot) -> dict[str, Any]:
                 "rows": ds.count_rows(), "dim": ds.schema.field("embedding").type.list_size}
     rejects = open_table(table_uri(root, REJECTS_TABLE), root.storage_options())
     if rejects is not None:
-        t = rejects.to_table(columns=["reason"])
-        out["rejects"] = {"rows": t.num_rows,
-                          "by_reason": dict(sorted(Counter(t.column("reason").to_pylist()).items()))}
+        rows, by_reason, _ = _counts(rejects, "reason")
+        out["rejects"] = {"rows": rows, "by_reason": by_reason}
     return out
 
 
@@ -652,7 +659,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_optout(args: argparse.Namespace) -> int:
     """Record an opt-out request; report which listed images the lab and the current subsets hold."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from prx_assets.core.curate.optout import new_request, read_lines, record
     from prx_assets.core.curate.subsets import read_subset_table
