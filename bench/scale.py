@@ -75,7 +75,7 @@ EMBEDDING_CHECK_QUERIES = int(os.environ.get("PRX_BENCH_SCALE_EMBEDDING_QUERIES"
 NOOP_BATCHES = int(os.environ.get("PRX_BENCH_SCALE_BATCHES", "20000"))
 #: Images of the end-to-end figure on the demo graph (0 skips it: a 4,000-image run takes ~30 min here).
 E2E_IMAGES = int(os.environ.get("PRX_BENCH_SCALE_E2E_IMAGES", "4000"))
-#: Parts to leave out (comma-separated: discovery, noop, e2e), e.g. those that do not depend on the rows
+#: Parts to leave out (comma-separated: discovery, noop, e2e, churn), e.g. those that do not depend on the rows
 #: when re-measuring a row count; their keys are then null. ``rest`` stops after the lab sync rounds.
 SKIP = {p.strip() for p in os.environ.get("PRX_BENCH_SCALE_SKIP", "").split(",") if p.strip()}
 #: The local PostgreSQL server (trust auth) that holds the no-op bench's Dagster instance.

@@ -63,9 +63,9 @@ class SearchModelError(PrxError):
 
 
 def row_products(x: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """``x @ m`` with every row's result independent of the other rows of ``x``: the rows are
-    padded with zero rows to a multiple of ``PRODUCT_ROWS``, so BLAS runs one kind of kernel
-    whatever the number of rows (a lone row would go through gemv, a short block through edge
+    """``x @ m`` with every row's result independent of the other rows of ``x``: the rows go to
+    BLAS in a multiple of ``PRODUCT_ROWS`` (the last ones zero-padded to a block), so it runs one
+    kind of kernel whatever the number of rows (a lone row would go through gemv, a short block through edge
     kernels, and both round their sums differently: int8 codes and nearest cells would then move
     with the rows they happened to be computed with).
 
@@ -75,10 +75,15 @@ def row_products(x: np.ndarray, m: np.ndarray) -> np.ndarray:
     True
     """
     n = len(x)
-    pad = -n % PRODUCT_ROWS
-    if pad:
-        x = np.concatenate([x, np.zeros((pad, x.shape[1]), dtype=x.dtype)])
-    return (x @ m)[:n]
+    full = n - n % PRODUCT_ROWS  # whole blocks are multiplied in place (no copy of ``x``) ...
+    out = np.empty((n, m.shape[1]), dtype=np.result_type(x.dtype, m.dtype))
+    if full:
+        np.matmul(x[:full], m, out=out[:full])
+    if n > full:  # ... and the last rows in one zero-padded block
+        tail = np.zeros((PRODUCT_ROWS, x.shape[1]), dtype=x.dtype)
+        tail[:n - full] = x[full:]
+        out[full:] = (tail @ m)[:n - full]
+    return out
 
 
 def random_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
