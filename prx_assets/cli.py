@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from prx_assets.core import layout
 from prx_assets.core.config.project import data_root, load_sources
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.lab.maintenance import lance_tables
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TABLE
 from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
@@ -429,8 +430,7 @@ def table_summary(root: DataRoot) -> dict[str, Any]:
     if captions is not None:
         rows, by_captioner, _ = _counts(captions, "captioner_id")
         out["captions"] = {"rows": rows, "lance_version": captions.version, "by_captioner": by_captioner}
-    names = {layout.table_name(p.split("/")[1]) for p in root.list(layout.LANCE_DIR)}
-    for name in sorted(n for n in names if n and n.startswith("embeddings_")):
+    for name in (n for n in lance_tables(root) if n.startswith("embeddings_")):
         ds = open_table(table_uri(root, name), root.storage_options())
         if ds is not None:
             out.setdefault("embeddings", {})[name] = {

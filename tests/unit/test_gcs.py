@@ -6,6 +6,7 @@ from pathlib import Path
 import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from prx_assets.core.config.project import IngestSettings, SourceConfig
 from prx_assets.core.config.storage import DataRoot, ObjectStoreSettings
@@ -66,3 +67,23 @@ def test_gcs_prefix_source_lists_in_order_and_from_a_cursor(gcs_env: dict[str, s
     (m,) = load_manifests(root, "g")
     res = ingest_batch(m, reader_for(cfg), root, cfg.ingest)
     assert res.rows == 6 and res.rejected == 0
+
+
+@pytest.mark.parametrize("scheme", ["file", "s3", "gs"])
+def test_tables_are_found_from_one_listing_level(scheme: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Maintenance, the doctor and `status` find the Lance tables from the folders right below
+    ``lance/`` (a ``/``-delimited listing on object stores), not by listing every version,
+    fragment and index file of every table."""
+    from prx_assets.core.lab.maintenance import lance_tables
+
+    if scheme == "file":
+        root = DataRoot(str(tmp_path / "root"))
+    else:
+        env = request.getfixturevalue("s3_env" if scheme == "s3" else "gcs_env")
+        root = DataRoot(f"{scheme}://{env['BUCKET']}/prx")
+    for rel in ("lance/a.lance/_versions/1.manifest", "lance/a.lance/data/x.lance", "lance/b.lance/a.lance/doubled",
+                "lance/_lab_sync.json", "lance/notes/readme.txt", "curated/r/s.json"):
+        root.write_bytes(rel, b"x")
+    assert root.folders("lance") == ["a.lance", "b.lance", "notes"]
+    assert root.folders("lance/a.lance") == ["_versions", "data"] and root.folders("absent") == []
+    assert lance_tables(root) == ["a", "b"]

@@ -241,6 +241,17 @@ class DataRoot:
         """Sorted relative paths of the files below ``rel`` (recursive)."""
         return sorted(self._iter(rel))
 
+    def folders(self, rel: str) -> list[str]:
+        """Sorted names of the folders right below ``rel`` (one listing level: on an object store a
+        ``/``-delimited listing, so a folder holding a million objects costs one entry, not a page
+        per thousand of them)."""
+        base = self.join(rel)
+        if not self.remote:
+            root = Path(base)
+            return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        _, bucket, key = split_object_uri(base)
+        return sorted(set(self._store().folders(bucket, key.rstrip("/") + "/")))
+
     def _iter(self, rel: str) -> Iterator[str]:
         base = self.join(rel)
         if not self.remote:

@@ -90,6 +90,15 @@ class S3Store:
                 yield ObjectInfo(obj["Key"], int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))
 
 
+    def folders(self, bucket: str, prefix: str) -> Iterator[str]:
+        """Names of the "folders" right below ``prefix`` (a ``/``-delimited listing: one entry per
+        folder, not one per object inside it)."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
+        for page in pages:
+            for common in page.get("CommonPrefixes", []):
+                yield common["Prefix"][len(prefix):].rstrip("/")
+
+
 class GCSStore:
     """A Google Cloud Storage bucket through a google-cloud-storage client."""
 
@@ -136,6 +145,15 @@ class GCSStore:
             if start_after is not None and blob.name <= start_after:
                 continue
             yield ObjectInfo(blob.name, int(blob.size or 0), str(blob.generation or blob.etag or ""))
+
+
+    def folders(self, bucket: str, prefix: str) -> Iterator[str]:
+        """Names of the "folders" right below ``prefix`` (a ``/``-delimited listing: one entry per
+        folder, not one per object inside it)."""
+        blobs = self.client.list_blobs(bucket, prefix=prefix, delimiter="/")
+        for page in blobs.pages:
+            for common in page.prefixes:
+                yield common[len(prefix):].rstrip("/")
 
 
 def store_for(uri: str, settings: ObjectStoreSettings, s3_client: Any = None) -> S3Store | GCSStore:

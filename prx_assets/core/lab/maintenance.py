@@ -106,9 +106,9 @@ def table_health(root: DataRoot, name: str) -> TableHealth | None:
 
 
 def lance_tables(root: DataRoot) -> list[str]:
-    """Names of the Lance tables under the data root."""
-    names = {layout.table_name(p.split("/")[1]) for p in root.list(layout.LANCE_DIR) if p.count("/") >= 2}
-    return sorted(n for n in names if n)
+    """Names of the Lance tables under the data root (one listing level: the table folders, not
+    every version, fragment and index file inside them)."""
+    return sorted(n for n in (layout.table_name(f) for f in root.folders(layout.LANCE_DIR)) if n)
 
 
 def settled_fragments(fragments: list[Any], target_rows_per_fragment: int = TARGET_ROWS_PER_FRAGMENT) -> list[int]:
