@@ -10,6 +10,7 @@ from prx_assets.core.curate.subsets import read_subset_manifest, read_subset_tab
 from prx_assets.core.lab.sql import open_pinned
 from prx_assets.core.manifests import ManifestError, ShardSetManifest
 from prx_assets.core.publish.shards import (
+    LAB_CACHE_BYTES,
     SHARDS_CODE_VERSION,
     ShardSettings,
     read_shard_set_manifest,
@@ -108,7 +109,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
     subset_manifest = read_subset_manifest(root, recipe.name, sid)
     subset_table = read_subset_table(root, recipe.name, sid)
     ids = subset_table.column("image_id")  # Arrow: a subset's ids are never one Python list
-    lab = open_pinned(subset_manifest, root.storage_options())
+    lab = open_pinned(subset_manifest, root.storage_options(), cache_bytes=LAB_CACHE_BYTES)
     models = project.models()
     if config.precomputed_latents and models.text_encoder is None:
         raise dg.Failure(f"precomputed_latents needs a text_encoder in {models.path}; add "

@@ -120,15 +120,18 @@ def fetch_by_ids(ds: lance.LanceDataset, ids: Sequence[str], columns: Sequence[s
     return rows.select(cols)
 
 
-def open_pinned(manifest: Mapping[str, Any] | Any, storage_options: dict[str, str] | None = None
-                ) -> lance.LanceDataset:
+def open_pinned(manifest: Mapping[str, Any] | Any, storage_options: dict[str, str] | None = None,
+                cache_bytes: int | None = None) -> lance.LanceDataset:
     """The Lance version a manifest (subset or shard set) was read from.
 
-    ``manifest`` is a mapping or an object with ``lance_uri`` and ``lance_version``.
+    ``manifest`` is a mapping or an object with ``lance_uri`` and ``lance_version``. ``cache_bytes``
+    bounds the handle's index cache and its metadata cache each (Lance's defaults: 6 GB and 1 GB,
+    which a long run of lookups by id fills with every index page it touches).
     """
     get = manifest.get if isinstance(manifest, Mapping) else lambda k: getattr(manifest, k, None)
     uri, version = get("lance_uri"), get("lance_version")
     if not uri or version is None:
         raise ValueError(f"manifest {get('subset_id') or get('shard_set_id') or manifest!r} names no Lance "
                          "uri/version; it was not written by prx_assets")
-    return lance.dataset(uri, version=int(version), storage_options=storage_options)
+    caches = {} if cache_bytes is None else {"index_cache_size_bytes": cache_bytes, "metadata_cache_size_bytes": cache_bytes}
+    return lance.dataset(uri, version=int(version), storage_options=storage_options, **caches)
