@@ -319,6 +319,13 @@ def test_kept_search_models_leave_earlier_rows_as_they_were(tmp_path: Path, monk
     old_ids = {f"{i:012x}" for i in range(len(old))}
     assert {i for i in again.image_ids if i in old_ids} == set(first.image_ids)
 
+    models = search_models(root, recipe, "emb")  # one object for two cuts: each records only its own model
+    assert "search_model" in select(lance.dataset(uri), recipe, embedding_column="emb", search_models=models).lineage
+    monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 10**6)  # every pair compared: no model used
+    assert "search_model" not in select(lance.dataset(uri), recipe, embedding_column="emb",
+                                        search_models=models).lineage
+    monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
+
     Path(kept).write_bytes(b"not a model")
     with pytest.raises(SearchModelError, match=str(kept)):
         select(lance.dataset(uri), recipe, embedding_column="emb", search_models=search_models(root, recipe, "emb"))

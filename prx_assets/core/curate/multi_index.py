@@ -33,6 +33,7 @@ import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -313,13 +314,14 @@ class SearchModels:
     """Trained models kept between cuts, one per size generation: ``load(generation)`` gives a
     kept model's bytes or ``None``; ``save_new(generation, bytes)`` keeps one unless another writer
     kept one first (then it returns ``False`` and that one is used). ``where`` names the place in
-    errors. ``trained`` lists the generations this object trained, ``used`` the model id per generation."""
+    errors. ``trained`` lists the generations this object trained; ``last`` describes the model the
+    last :meth:`model_for` returned (``generation``, ``model_id``, ``trained_now``: lineage)."""
 
     load: Callable[[int], bytes | None]
     save_new: Callable[[int, bytes], bool]
     where: Callable[[int], str] = lambda g: f"search model g{g}"
     trained: list[int] = field(default_factory=list)
-    used: dict[int, str] = field(default_factory=dict)
+    last: dict[str, Any] | None = None
 
     @classmethod
     def in_memory(cls) -> SearchModels:
@@ -334,11 +336,13 @@ class SearchModels:
         """The kept model of the rows' generation, trained (from ``rng``) and kept when there is none."""
         g = generation(len(codes))
         data = self.load(g)
+        trained_now = False
         if data is None:
             model = train_model(codes, scale, rng)
             data = model.to_bytes()
             if self.save_new(g, data):
                 self.trained.append(g)
+                trained_now = True
             else:  # another cut kept one first: use it, so every cut of this generation agrees
                 data = self.load(g)
                 if data is None:
@@ -347,7 +351,7 @@ class SearchModels:
         if model.dim != codes.shape[1]:
             raise SearchModelError(f"{self.where(g)} files {model.dim}-d codes, these are {codes.shape[1]}-d; "
                                    "delete it to train a new one")
-        self.used[g] = model.model_id()
+        self.last = {"generation": g, "model_id": model.model_id(), "trained_now": trained_now}
         return model
 
 

@@ -199,12 +199,12 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         apply("dedup_phash", near_duplicates_phash(_column_at(t, "phash", alive).astype(np.uint64),
                                                    int(recipe.dedup.phash_distance)))
     if threshold is not None and embedding_column is not None:
+        if search_models is not None:
+            search_models.last = None  # set again only if this cut files its rows with a model
         apply("dedup_embedding", embedding_keep(ds, embedding_column, _column_at(t, "_rowid", alive), float(threshold),
                                                 models=search_models))
-        if search_models is not None and search_models.used:
-            (g, model_id), = search_models.used.items()
-            out.lineage["search_model"] = {"generation": g, "model_id": model_id,
-                                           "trained_now": g in search_models.trained}
+        if search_models is not None and search_models.last is not None:
+            out.lineage["search_model"] = dict(search_models.last)
     kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(np.sort(alive)))
     del t
     kept = kept.take(pc.sort_indices(kept, sort_keys=[("image_id", "ascending")]))
