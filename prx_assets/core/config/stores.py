@@ -89,7 +89,6 @@ class S3Store:
             for obj in page.get("Contents", []):
                 yield ObjectInfo(obj["Key"], int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))
 
-
     def folders(self, bucket: str, prefix: str) -> Iterator[str]:
         """Names of the "folders" right below ``prefix`` (a ``/``-delimited listing: one entry per
         folder, not one per object inside it)."""
@@ -145,7 +144,6 @@ class GCSStore:
             if start_after is not None and blob.name <= start_after:
                 continue
             yield ObjectInfo(blob.name, int(blob.size or 0), str(blob.generation or blob.etag or ""))
-
 
     def folders(self, bucket: str, prefix: str) -> Iterator[str]:
         """Names of the "folders" right below ``prefix`` (a ``/``-delimited listing: one entry per
