@@ -276,10 +276,6 @@ class SearchModel:
                                    "to train a new one (near-threshold embedding dedup decisions may then "
                                    "differ once)") from None
 
-    def model_id(self) -> str:
-        """A short content hash of the model (recorded in a subset's lineage)."""
-        return hashlib.sha256(self.to_bytes()).hexdigest()[:12]
-
 
 def train_model(codes: np.ndarray, scale: np.ndarray, rng: np.random.Generator, tables: int = TABLES,
                 cell_rows: int = CELL_ROWS) -> SearchModel:
@@ -351,7 +347,8 @@ class SearchModels:
         if model.dim != codes.shape[1]:
             raise SearchModelError(f"{self.where(g)} files {model.dim}-d codes, these are {codes.shape[1]}-d; "
                                    "delete it to train a new one")
-        self.last = {"generation": g, "model_id": model.model_id(), "trained_now": trained_now}
+        # the kept file's content hash is the model's id (lineage): from the bytes read, not re-serialized
+        self.last = {"generation": g, "model_id": hashlib.sha256(data).hexdigest()[:12], "trained_now": trained_now}
         return model
 
 

@@ -472,9 +472,8 @@ def _write_whole(staging: Path, lab: lance.LanceDataset, ids: Ids, columns: dict
     groups: dict[str, Ids] = {"": ids}
     if settings.by_bucket:  # one sub-stream (folder with its own index.json) per aspect bucket
         groups = {}
-        found = [fetch_by_ids(lab, part, ["image_id", "aspect_bucket"]) for part in id_chunks(ids, 1000)]
-        table = pa.concat_tables(found) if found else pa.table({"image_id": pa.array([], pa.string()),
-                                                                "aspect_bucket": pa.array([], pa.string())})
+        table = pa.concat_tables([fetch_by_ids(lab, part, ["image_id", "aspect_bucket"])
+                                  for part in id_chunks(ids, 1000)])  # ids are never empty here
         for bucket in sorted(pc.unique(table.column("aspect_bucket")).to_pylist(), key=bucket_dir):
             members = as_ids(table.filter(pc.equal(table.column("aspect_bucket"), bucket)).column("image_id"))
             groups[bucket_dir(bucket)] = members.take(pc.sort_indices(members))
