@@ -24,7 +24,8 @@ def test_gpu_bench_smoke_runs_every_code_path(tmp_path: Path) -> None:
     assert tiny["producer_thread"] is True and tiny["attention"] == "sdpa"
     for row in tiny["by_batch_size"].values():
         assert row["ours"]["images_per_s"] > 0 and row["bare"]["images_per_s"] > 0 and row["ratio"] > 0
-        assert len(row["ours"]["seconds"]) == len(row["bare"]["seconds"]) == 2  # ABAB
+        assert len(row["ours"]["seconds"]) == len(row["bare"]["seconds"]) == len(row["ours_sequential"]["seconds"]) == 2
+        assert row["first_pass"]["seconds"] > 0 and row["ratio_sequential"] > 0  # whole untimed pass first
     point = r["trainer"]["points"]["tiny_64px"]
     assert point["same_samples_both_modes"] and len(point["samples_per_s"]["on_the_fly"]) == 2
     assert isinstance(point["on_the_fly_overhead_pct"], float)
