@@ -23,7 +23,11 @@ from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 #: curation-2: embedding dedup above the exact method's size files rows with a kept model (see
 #: core/curate/search_models.py), so near-threshold decisions may differ once from curation-1's.
-CURATION_CODE_VERSION = "curation-2"
+#: curation-3: the products that decide a row's int8 code and cells sum in float64 in same-shaped
+#: calls (``multi_index.row_products``): curation-2's float32 256-row blocks still depended on the
+#: rows beside them on some CPUs (an AMD EPYC), so a few near-threshold decisions may differ once.
+#: Kept search models stay valid (their files are not retrained).
+CURATION_CODE_VERSION = "curation-3"
 
 
 def curated_fingerprint_of(recipe_hash: str, lab_data_version: str, optouts: str) -> str:

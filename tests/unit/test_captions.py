@@ -197,3 +197,26 @@ def test_embedder_batch_override_keeps_the_stored_precision() -> None:
     assert (eff.batch_size, eff.vector_dtype, eff.dtype, eff.name) == (4, "float16", "bfloat16", "siglip")
     assert eff.embedder_id() == spec.embedder_id()
     assert EmbedderResource().effective(spec) is spec
+
+
+def test_patch_convolutions_become_one_linear_layer(tiny_models: dict[str, str]) -> None:
+    """Qwen3-VL's kernel-equals-stride Conv3d patch embedding is computed as a GEMM (cuDNN's
+    convolution is slow for it on several GPU stacks): same parameters and state dict, outputs equal
+    to rounding, other inputs still convolved, and the captioner loads it so."""
+    import torch
+
+    from prx_assets.core.models.patch_embed import _is_patch_conv, linearize_patch_convs
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4)),
+                                torch.nn.Conv3d(3, 8, kernel_size=3))  # the second overlaps: kept
+    keys = {k: v.clone() for k, v in model.state_dict().items()}
+    patches, volume = torch.randn(5, 3, 2, 4, 4), torch.randn(2, 3, 4, 8, 8)
+    want_patches, want_volume = model[0](patches), model[0](volume)
+    assert linearize_patch_convs(model) == 1 and not _is_patch_conv(model[0]) and isinstance(model[1], torch.nn.Conv3d)
+    assert model.state_dict().keys() == keys.keys() and all(torch.equal(model.state_dict()[k], v) for k, v in keys.items())
+    torch.testing.assert_close(model[0](patches), want_patches)
+    torch.testing.assert_close(model[0](volume), want_volume)  # several windows: the convolution itself
+    cap = TransformersCaptioner(CaptionerSpec(name="t", model=tiny_models["vl"], max_new_tokens=4))
+    assert cap.patch_convs_linearized >= 1
+    assert not any(_is_patch_conv(m) for m in cap.model.modules())

@@ -252,15 +252,18 @@ def test_rows_that_duplicate_nothing_leave_every_earlier_decision_as_it_was() ->
 
 
 def test_a_rows_projection_does_not_depend_on_the_rows_beside_it() -> None:
-    """BLAS picks a kernel by the shape of a call (a lone row goes through gemv, a short block
-    through edge kernels), and their sums round differently: the products that decide a row's
-    int8 code and cells are bit-for-bit the same whatever block the row arrives in."""
-    from prx_assets.core.curate.multi_index import row_products
+    """BLAS picks kernels and splits work by the shape of a call (a lone row goes through gemv;
+    on an AMD EPYC even 256-row blocks of a 512-row float32 call round differently from 256-row
+    calls, so fixed-size float32 blocks failed here): the products that decide a row's int8 code
+    and cells are bit-for-bit the same whatever rows arrive with it."""
+    from prx_assets.core.curate.multi_index import PRODUCT_ROWS, row_products
 
     rng = np.random.default_rng(8)
-    x = rng.standard_normal((1_000, 1_152)).astype(np.float32)
+    x = rng.standard_normal((PRODUCT_ROWS + 1_000, 1_152)).astype(np.float32)
     m = rng.standard_normal((1_152, 128)).astype(np.float32)
     whole = row_products(x, m)
-    for size in (1, 7, 300):
+    assert whole.dtype == np.float32
+    np.testing.assert_allclose(whole, x.astype(np.float64) @ m.astype(np.float64), rtol=1e-6, atol=1e-4)
+    for size in (1, 7, 256, 300, 512, PRODUCT_ROWS - 1):
         parts = np.concatenate([row_products(x[a:a + size], m) for a in range(0, len(x), size)])
         assert np.array_equal(parts, whole)

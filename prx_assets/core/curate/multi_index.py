@@ -21,9 +21,9 @@ Which pairs are found is a function of the two rows alone, so rows added later (
 no earlier row) never change an earlier row's fate: the trained part (rotations and centroids,
 :class:`SearchModel`) is kept between cuts, one per size generation (:class:`SearchModels`: the
 floor of log2 of the rows, so it is retrained each time the rows double), and every matrix
-product whose result decides a row's code or cells is computed in blocks of ``PRODUCT_ROWS`` rows
-(:func:`row_products`), since BLAS picks its kernel by the shape of the call and a row's sums
-round differently in a lone row (gemv) or a short block than in a full one.
+product whose result decides a row's code or cells runs as same-shaped float64 calls rounded
+once (:func:`row_products`), since BLAS picks its kernels by the shape of the call and a row's
+float32 sums round differently with other rows beside it.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ ASSIGN_CHUNK = 65_536
 PRODUCT_BLOCK = 16 * 2**20
 #: k-means iterations per half.
 KMEANS_ITERS = 8
-#: Rows per block of a matrix product whose rows must not depend on each other (see :func:`row_products`).
-PRODUCT_ROWS = 256
+#: Rows of every BLAS call in a product whose rows must not depend on each other
+#: (:func:`row_products`; 1,024 rows of 1,152 dimensions in float64: 9.4 MB).
+PRODUCT_ROWS = 1024
 #: Version of the trained model's layout and of how it is trained (part of where models are kept).
 MODEL_VERSION = 1
 
@@ -64,11 +65,18 @@ class SearchModelError(PrxError):
 
 
 def row_products(x: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """``x @ m`` with every row's result independent of the other rows of ``x``: the rows go to
-    BLAS in a multiple of ``PRODUCT_ROWS`` (the last ones zero-padded to a block), so it runs one
-    kind of kernel whatever the number of rows (a lone row would go through gemv, a short block through edge
-    kernels, and both round their sums differently: int8 codes and nearest cells would then move
-    with the rows they happened to be computed with).
+    """``x @ m`` as float32 with every row's result a function of that row alone: every BLAS call
+    has the same shape (``PRODUCT_ROWS`` rows, the last ones zero-padded), sums in float64, and its
+    result is rounded once to float32.
+
+    A float32 product is not: BLAS picks its kernels and how it splits the work by the shape of the
+    call (a lone row goes through gemv, and on an AMD EPYC with OpenBLAS 0.3.27 even the first 256
+    rows of a 512-row call round differently from a 256-row call), so int8 codes and nearest cells
+    would move with the rows a row happened to be computed with. With one shape and float64 sums,
+    a result can still move only when a kernel's order of summation depends on the row's place in
+    the call and the float64 sums straddle a float32 rounding boundary (none seen in 650,000
+    values); a decision moves only if that value is also on the decision's own boundary. It costs
+    about twice a float32 product.
 
     >>> rng = np.random.default_rng(0)
     >>> x, m = rng.standard_normal((300, 40)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32)
@@ -76,14 +84,15 @@ def row_products(x: np.ndarray, m: np.ndarray) -> np.ndarray:
     True
     """
     n = len(x)
-    full = n - n % PRODUCT_ROWS  # whole blocks are multiplied in place (no copy of ``x``) ...
-    out = np.empty((n, m.shape[1]), dtype=np.result_type(x.dtype, m.dtype))
-    if full:
-        np.matmul(x[:full], m, out=out[:full])
-    if n > full:  # ... and the last rows in one zero-padded block
-        tail = np.zeros((PRODUCT_ROWS, x.shape[1]), dtype=x.dtype)
-        tail[:n - full] = x[full:]
-        out[full:] = (tail @ m)[:n - full]
+    m64 = np.asarray(m, dtype=np.float64)
+    out = np.empty((n, m.shape[1]), dtype=np.float32)
+    block = np.empty((PRODUCT_ROWS, x.shape[1]), dtype=np.float64)
+    for a in range(0, n, PRODUCT_ROWS):
+        rows = min(PRODUCT_ROWS, n - a)
+        block[:rows] = x[a:a + rows]
+        if rows < PRODUCT_ROWS:
+            block[rows:] = 0.0
+        out[a:a + rows] = (block @ m64)[:rows]
     return out
 
 

@@ -10,7 +10,8 @@ The transformers backend loads ``AutoProcessor`` + ``AutoModelForImageTextToText
 ``from_pretrained`` — the same code loads ``Qwen/Qwen3-VL-8B-Instruct`` on a GPU machine
 and the tiny random checkpoints the tests build — with SDPA attention (FlashAttention 2 when
 ``flash_attn`` is installed). Generation is batched with left padding through the
-checkpoint's chat template; on a GPU the next batch's preprocessing (chat template, image
+checkpoint's chat template (the vision tower's patch convolution computed as one matrix product:
+:mod:`~prx_assets.core.models.patch_embed`); on a GPU the next batch's preprocessing (chat template, image
 patches, pinned host memory) runs in a producer thread while the current one generates, and
 on out-of-memory the batch is halved and retried. The vLLM backend (``pip install 'prx_assets[vllm]'``) is imported
 only when selected. ``backend: openai`` sends the same requests to any OpenAI-compatible
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 
 from PIL import Image
 
+from prx_assets.core.models.patch_embed import linearize_patch_convs
 from prx_assets.errors import PrxError
 
 log = logging.getLogger(__name__)
@@ -278,6 +280,9 @@ class TransformersCaptioner:
         except (ValueError, ImportError):  # an architecture without that kernel: transformers' default
             model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype)
         self.model = model.to(self.device).eval()
+        # Qwen-VL's patch embedding as one GEMM, not a cuDNN Conv3d (slow, and per new batch shape
+        # on the H200 stack: core/models/patch_embed.py).
+        self.patch_convs_linearized = linearize_patch_convs(self.model)
         self.processor = processor
         # transformers 5 takes the processor's own arguments in processor_kwargs (and warns on every
         # batch when they come loose); 4.x has no such parameter.
