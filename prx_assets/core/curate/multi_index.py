@@ -76,7 +76,7 @@ def row_products(x: np.ndarray, m: np.ndarray) -> np.ndarray:
     a result can still move only when a kernel's order of summation depends on the row's place in
     the call and the float64 sums straddle a float32 rounding boundary (none seen in 650,000
     values); a decision moves only if that value is also on the decision's own boundary. It costs
-    about twice a float32 product.
+    about 2.7 times a float32 product (12.4 against 4.4 s per million rows for curation's shapes).
 
     >>> rng = np.random.default_rng(0)
     >>> x, m = rng.standard_normal((300, 40)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32)

@@ -280,8 +280,8 @@ class TransformersCaptioner:
         except (ValueError, ImportError):  # an architecture without that kernel: transformers' default
             model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype)
         self.model = model.to(self.device).eval()
-        # Qwen-VL's patch embedding as one GEMM, not a cuDNN Conv3d (slow, and per new batch shape
-        # on the H200 stack: core/models/patch_embed.py).
+        # Qwen-VL's patch embedding as one GEMM, not a cuDNN Conv3d (slow on several stacks, and the
+        # likely cause of the H200 run's cost per new batch shape: core/models/patch_embed.py).
         self.patch_convs_linearized = linearize_patch_convs(self.model)
         self.processor = processor
         # transformers 5 takes the processor's own arguments in processor_kwargs (and warns on every

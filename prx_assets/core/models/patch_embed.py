@@ -6,8 +6,9 @@ flattened patch. cuDNN handles that convolution badly on several torch/cuDNN/GPU
 (pytorch/pytorch#174051, huggingface/transformers#45750: 10x to 50,000x slower than the
 equivalent GEMM), and on the H200 run of ``bench/gpu.py`` a caption batch whose shapes were new
 cost several seconds more than the same batch again: every Qwen3-VL batch has new shapes, since
-the images' patches are concatenated. vLLM, SGLang and transformers' optional
-``patch_embeddings`` fusion make the same substitution.
+the images' patches are concatenated (that this convolution was the cause is likely, not yet
+measured: ``bench/gpu.py`` reports ``first_pass`` beside the warm sides for that). vLLM, SGLang
+and transformers' optional ``patch_embeddings`` fusion make the same substitution.
 
 :func:`linearize_patch_convs` swaps each such convolution of a loaded model for
 :class:`PatchLinear`, which keeps the same parameters (names, shapes and storage: the state dict
