@@ -63,6 +63,11 @@ def bare_loop(paths: list[Path], quality: int = 92) -> int:
     return sum(bare_one(p.read_bytes(), quality) for p in paths)
 
 
+def _bare_part(paths: list[str]) -> int:
+    """:func:`bare_loop` over ``paths`` in a pool process (the machine's own scaling, below)."""
+    return bare_loop([Path(p) for p in paths])
+
+
 def _source(folder: Path, workers: int, batch_size: int, fallback: str | None = None,
             processes: int = 1) -> SourceConfig:
     """The bench source; ``fallback`` overrides ``lossless_fallback`` (``None``: the default)."""
@@ -123,7 +128,7 @@ def run() -> dict[str, Any]:
     for p in paths:  # warm the page cache
         p.read_bytes()
     n = len(paths)
-    sides = ("bare", "ours_1proc", "ours_2proc", "ours_1proc_2threads", "ours_1proc_2workers",
+    sides = ("bare", "bare_2proc", "ours_1proc", "ours_2proc", "ours_1proc_2threads", "ours_1proc_2workers",
              "ours_1proc_2workers_unchunked", "ours_1proc_jpeg_only")
     times: dict[str, list[float]] = {k: [] for k in sides}
     # ours_1proc less its q92 check (one thread: the check's seconds are the run's own), per round
@@ -136,6 +141,11 @@ def run() -> dict[str, Any]:
             t = time.perf_counter()
             bare_loop(paths)
             times["bare"].append(time.perf_counter() - t)
+            # the same files split between two processes at once: what this machine's two cores give
+            # code that shares nothing, the ceiling for the scaling figures below
+            t = time.perf_counter()
+            pool.map(_bare_part, [[str(p) for p in paths[i::2]] for i in range(2)])
+            times["bare_2proc"].append(time.perf_counter() - t)
             order = [("ours_1proc", 1, 1, None, 1, None), ("ours_1proc_jpeg_only", 1, 1, "off", 1, None),
                      ("ours_2proc", 1, 2, None, 1, None), ("ours_1proc_2threads", 2, 1, None, 1, None),
                      ("ours_1proc_2workers", 2, 1, None, 2, None), ("ours_1proc_2workers_unchunked", 2, 1, None, 2, 1)]
@@ -169,6 +179,7 @@ def run() -> dict[str, Any]:
         # through the cycles, 6% of these 102-file batches against 1% of a 5,000-image one
         "ratio_ours_vs_bare_per_core_without_q92_check": round(med["bare"] / statistics.median(without_check), 3),
         "q92_check_share_1proc": round(statistics.median(check_share), 4),
+        "scaling_bare_2proc_vs_1proc": round(med["bare"] / med["bare_2proc"], 3),
         "scaling_2proc_vs_1proc": round(med["ours_1proc"] / med["ours_2proc"], 3),
         "scaling_2threads_vs_1": round(med["ours_1proc"] / med["ours_1proc_2threads"], 3),
         # one batch at a time, decoding in 2 worker processes (processes: 0, the default on 2 CPUs)
@@ -191,6 +202,7 @@ def format_table(r: dict[str, Any]) -> str:
     """Human-readable table."""
     ips = r["images_per_s"]
     rows = [("bare Pillow loop, 1 process", "bare"),
+            ("bare Pillow loop, 2 processes", "bare_2proc"),
             ("raw_images path, 1 process", "ours_1proc"),
             ("raw_images path, 2 processes", "ours_2proc"),
             ("raw_images path, 1 proc 2 threads", "ours_1proc_2threads"),
@@ -205,6 +217,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"  ratio ours/bare per core:   {r['ratio_ours_vs_bare_per_core']}  (target >= 0.85)",
         f"    without the q92 check:    {r['ratio_ours_vs_bare_per_core_without_q92_check']}  (the check: "
         f"{r['q92_check_share_1proc']:.1%} of the time, at least 6 images of each {r['files'] // 2}-file batch)",
+        f"  bare loop, 2 processes vs 1: {r['scaling_bare_2proc_vs_1proc']}  (what this machine gives)",
         f"  scaling 2 processes vs 1:   {r['scaling_2proc_vs_1proc']}  (ideal 2.0)",
         f"  scaling 2 threads vs 1:     {r['scaling_2threads_vs_1']}",
         f"  scaling 2 worker processes: {r['scaling_2worker_processes_vs_1']}  (target >= 1.9)",
