@@ -1,6 +1,7 @@
 """raw_images: ingest batches, the JPEG q92 check, and the discovery sensor."""
 
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -13,7 +14,16 @@ from prx_assets.core.config.project import IngestSettings, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover, load_manifest, parse_batch_key
 from prx_assets.core.ingest.images import prepare_rgb
-from prx_assets.core.ingest.jpeg_quality import CycleCurve, QualityReport, check_curve, pick_sample
+from prx_assets.core.ingest.jpeg_quality import (
+    CONFIRM_MAX_PIXELS,
+    CycleCurve,
+    QualityReport,
+    check_curve,
+    cycle_curve,
+    is_tiled,
+    needs_confirmation,
+    pick_sample,
+)
 from prx_assets.core.ingest.pipeline import IngestResult, ingest_batch
 from prx_assets.core.ingest.sources import reader_for
 from prx_assets.core.lab.schema import IMAGES_TABLE
@@ -207,6 +217,46 @@ def reread_sample(rows: list[dict[str, Any]], n_rows: int, cfg: Any, s3: S3Resou
     return report
 
 
+def confirm_whole(report: QualityReport, rows: list[dict[str, Any]], cfg: Any, s3: S3Resource,
+                  settings: IngestSettings) -> tuple[QualityReport, int, dict[str, str]]:
+    """The sample's tile estimates measured again whole, re-read from the source, one image at a
+    time: the report, how many images were re-measured, and why any was not (its label's file is
+    not exactly one of ``rows``, or it is gone, changed since ingest (``sha256``) or undecodable;
+    those keep their tile estimate, as do images over :data:`CONFIRM_MAX_PIXELS`)."""
+    reader = reader_for(cfg, s3_client=s3.get_client)
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_label.setdefault(row["uri"].rsplit("/", 1)[-1], []).append(row)
+    out = QualityReport(quality=report.quality, cycles=report.cycles, min_psnr_db=report.min_psnr_db)
+    done, kept = 0, {}
+    for c in report.curves:
+        if not is_tiled(c):
+            out.curves.append(c)
+            continue
+        found = by_label.get(c.label, [])
+        why = (f"{c.width * c.height:,} pixels, over {CONFIRM_MAX_PIXELS:,}" if c.width * c.height > CONFIRM_MAX_PIXELS
+               else f"{len(found)} files of the partition have this name" if len(found) != 1 else None)
+        rgb = None
+        if why is None:
+            row = found[0]
+            try:
+                data = reader.read_uri(row["uri"])
+                if row.get("sha256") and hashlib.sha256(data).hexdigest() != row["sha256"]:
+                    why = f"{row['uri']} changed since ingest (sha256)"
+                else:
+                    rgb = prepare_rgb(data, settings).rgb
+            except Exception as e:  # gone or unreadable now: the tile estimate stands, and says why
+                why = f"{row['uri']}: {type(e).__name__}: {e}"
+        if rgb is None:
+            kept[c.label] = str(why)
+            out.curves.append(c)
+            continue
+        out.curves.append(cycle_curve(rgb, settings.jpeg_quality, settings.q92_cycles, settings.jpeg_subsampling,
+                                      c.label, max_pixels=0, png_reference=settings.q92_png_reference))
+        done += 1
+    return out, done, kept
+
+
 @dg.asset_check(asset=raw_images, partitions_def=raw_batches, blocking=True)
 def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageResource,
                     project: ProjectConfigResource, s3: S3Resource) -> dg.AssetCheckResult:
@@ -219,7 +269,9 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
     with PSNR against the original after each. This check reads those curves from the
     partition's materialization (a partition ingested without them is sampled again from the
     source) and fails (ERROR, blocking) when the sample's mean PSNR falls below
-    ``q92_min_psnr_db`` after any cycle. With content-aware storage on (``lossless_fallback``),
+    ``q92_min_psnr_db`` after any cycle. When that curve is a tile estimate within
+    ``q92_confirm_db`` of the bound, the sampled images are re-read and measured whole first
+    (:func:`confirm_whole`), and the verdict is theirs. With content-aware storage on (``lossless_fallback``),
     images whose JPEG would lose more than that are stored losslessly at ingest, so content
     alone does not fail the check: it reports the share stored losslessly and the partition's
     first-generation PSNR distribution, and warns (WARN, not blocking) when that share is above
@@ -232,7 +284,7 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
     s = cfg.ingest
     root = storage.root()
     ds = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
-    cols = ["image_id", "uri", "width", "height"]
+    cols = ["image_id", "uri", "width", "height", "sha256"]
     if ds is not None:
         cols += [c for c in ("stored_format", "q92_psnr_db") if c in ds.schema.names]
     rows = [] if ds is None else ds.to_table(columns=cols, filter=where_eq("batch", key)).to_pylist()
@@ -269,6 +321,16 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
     else:  # ingested before the check ran at ingest, or its sample drew no JPEG-stored image
         report = reread_sample(jpeg_rows, len(rows), cfg, s3, s)
         measured = "re-read from the source"
+    confirm_md: dict[str, Any] = {"confirmed_whole": 0}
+    if needs_confirmation(report, s.q92_confirm_db):  # near the bound: judge on whole images, not tiles
+        tiled_min = min(report.mean_curve)
+        report, done, kept = confirm_whole(report, jpeg_rows, cfg, s3, s)
+        measured += (f"; {done} of {len(report.curves)} measured again whole from the source (the tile "
+                     f"estimate, {tiled_min:.2f} dB at its lowest, came within q92_confirm_db "
+                     f"{s.q92_confirm_db} dB of the bound)")
+        confirm_md = {"confirmed_whole": done, "tile_estimate_min_db": round(tiled_min, 3)}
+        if kept:
+            confirm_md["kept_tile_estimate"] = dg.MetadataValue.json(dict(list(kept.items())[:20]))
     meta = report.to_metadata()
     seconds = time.perf_counter() - started
     curve_rows = [[i + 1, v] for i, v in enumerate(meta["mean_psnr_curve_db"])]
@@ -289,6 +351,7 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
             "measured_pixels": sum(c.measured_pixels for c in report.curves),
             "cycles_encoded": sum(c.cycles_run for c in report.curves),
             "check_seconds": round(seconds, 3),
+            **confirm_md,
             **storage_md,
             "first_cycle_psnr_db": meta["first_cycle_psnr_db"],
             "max_drop_db": meta["max_drop_db"],

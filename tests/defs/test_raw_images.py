@@ -82,6 +82,7 @@ def test_materialize_partition_metadata_version_and_check(folder_source: dict) -
         assert check.metadata["quality"].value == "92"
         assert check.metadata["sampled"].value == 4  # a partition of 4: below q92_sample, all of it
         assert check.metadata["measured"].value == "at ingest, on the decoded pixels"
+        assert check.metadata["confirmed_whole"].value == 0  # measured whole already: nothing to confirm
         assert len(md["q92_cycle_sample"].value["curves"]) == 4 and md["q92_check_seconds"].value > 0
         assert 0 < md["q92_check_share"].value < 1
         assert "data:image/png;base64," in check.metadata["psnr_curve_chart"].value
@@ -329,3 +330,48 @@ def test_q92_check_samples_again_from_the_source_when_ingest_measured_other_sett
         for c in again.curves:  # same pixels, same tiles: the same curve, plus the PNG sizes asked for
             assert c.psnr_db == pytest.approx(by_label[c.label].psnr_db, abs=1e-4)  # stored to 4 places
             assert c.png_bytes > 0 == by_label[c.label].png_bytes
+
+
+def test_a_tile_estimate_near_the_bound_is_measured_again_whole(folder_source: dict) -> None:
+    """When the sample was measured on tiles and its mean curve comes within q92_confirm_db of the
+    bound, the check judges on the same images measured whole, re-read from the source; an image
+    whose file changed since ingest keeps its tile estimate, and the metadata says why."""
+    from prx_assets.core.config.project import load_sources
+    from prx_assets.core.ingest.images import prepare_rgb
+    from prx_assets.core.ingest.jpeg_quality import QualityReport, cycle_curve
+    from prx_assets.defs.ingest import confirm_whole, ingest_sample
+    from tests.helpers import encode, photo
+
+    cfg_path: Path = folder_source["config"]
+    cfg_path.write_text(cfg_path.read_text().replace(  # one 128-pixel tile per image; a margin every curve is within
+        "batch_size: 4", "batch_size: 4\n    ingest: {q92_tile_pixels: 16384, q92_confirm_db: 100}"))
+    with dg.instance_for_test() as instance:
+        found = run_sensor(instance, folder_source["resources"])
+        instance.add_dynamic_partitions("raw_batches", [r.partition_key for r in found.run_requests])
+        res = materialize(instance, folder_source["resources"], "photos-00001")
+        assert res.success
+        (check,) = res.get_asset_check_evaluations()
+        md = check.metadata
+        cfg = load_sources(cfg_path).get("photos")
+        tiled = ingest_sample(instance, "photos-00001", cfg.ingest)
+        assert tiled and all(c.measured_pixels < c.width * c.height for c in tiled)
+        assert md["confirmed_whole"].value == len(tiled) == md["sampled"].value
+        assert "measured again whole from the source" in md["measured"].value
+        assert all(i["measured_pixels"] == int(i["size"].split("x")[0]) * int(i["size"].split("x")[1])
+                   for i in md["per_image"].value)
+        rows = lance.dataset(str(folder_source["root"] / "lance" / "images.lance")).to_table(
+            filter="batch = 'photos-00001' AND stored_format = 'jpeg'").to_pylist()
+        whole = [cycle_curve(prepare_rgb(Path(r["uri"]).read_bytes(), cfg.ingest).rgb, 92, 10, max_pixels=0,
+                             png_reference=False) for r in rows]
+        assert md["last_cycle_psnr_db"].value == pytest.approx(
+            sum(c.psnr_db[-1] for c in whole) / len(whole), abs=1e-3)
+        assert md["tile_estimate_min_db"].value != pytest.approx(md["last_cycle_psnr_db"].value, abs=1e-3)
+
+        # a sampled file rewritten since ingest: its tile estimate stands, with the reason
+        changed = Path(rows[0]["uri"])
+        changed.write_bytes(encode(photo(240, 180, seed=77), "JPEG"))
+        report = QualityReport(quality=92, cycles=10, min_psnr_db=37.0, curves=list(tiled))  # as ingest measured it
+        again, done, kept = confirm_whole(report, rows, cfg, folder_source["resources"]["s3"], cfg.ingest)
+        assert done == len(tiled) - 1 and list(kept) == [changed.name]
+        assert "changed since ingest" in kept[changed.name]
+        assert next(c for c in again.curves if c.label == changed.name) in tiled

@@ -131,13 +131,14 @@ def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = 
     blocks' error at cycle 10 within 0.2% of it on 80% of tiles); what the grid misses is where the loss
     concentrates."""
     regions = measured_regions(rgb.size[0], rgb.size[1], max_pixels, tile)
+    whole = regions == [(0, 0, rgb.size[0], rgb.size[1])]  # (one tile smaller than the image is a tile)
     if rgb.mode != "RGB":  # (a conversion copies the image: only when needed)
         rgb = rgb.convert("RGB")
     sq_err = np.zeros(cycles)
     pixels = 0
     first_size = png_size = cycles_run = 0
     for box in regions:
-        region = rgb if len(regions) == 1 else rgb.crop(box)
+        region = rgb if whole else rgb.crop(box)
         current = region
         for i in range(cycles):
             data = encode_jpeg(current, quality, subsampling)
@@ -160,7 +161,7 @@ def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = 
             region.save(png, "PNG", compress_level=6)
             png_size += len(png.getvalue())
     curve = [float("inf") if e == 0 else float(10.0 * np.log10(255.0**2 * pixels / e)) for e in sq_err]
-    anchored = first_db is not None and len(regions) > 1 and math.isfinite(curve[0]) and first_db < 99.0
+    anchored = first_db is not None and not whole and math.isfinite(curve[0]) and first_db < 99.0
     if anchored:
         shift = float(first_db) - curve[0]  # type: ignore[arg-type]
         curve = [v + shift for v in curve]
@@ -299,6 +300,32 @@ class QualityReport:
         if with_png:
             out["jpeg_to_png_size_ratio"] = round(self.size_ratio, 4)
         return out
+
+
+#: Largest image the check measures whole when it confirms a tile estimate near the bound (its
+#: cycles hold about four copies of the pixels, some 270 MB at this size); a larger one keeps its
+#: tile estimate.
+CONFIRM_MAX_PIXELS = 16 * 2**20
+
+
+def is_tiled(curve: CycleCurve) -> bool:
+    """Whether ``curve`` was measured on tiles of its image rather than on all of it."""
+    return 0 < curve.measured_pixels < curve.width * curve.height
+
+
+def needs_confirmation(report: QualityReport, margin_db: float) -> bool:
+    """Whether the check should measure its sampled images whole before judging: some curve is a
+    tile estimate and the sample's mean PSNR comes within ``margin_db`` of the bound, or below it,
+    after some cycle (``margin_db`` 0: never).
+
+    >>> c = CycleCurve("a", 1000, 1000, (40.0, 38.5), 0, 0, measured_pixels=196_608)
+    >>> r = QualityReport(quality=92, cycles=2, curves=[c], min_psnr_db=37.0)
+    >>> needs_confirmation(r, 2.0), needs_confirmation(r, 1.0), needs_confirmation(r, 0.0)
+    (True, False, False)
+    """
+    if margin_db <= 0 or not any(is_tiled(c) for c in report.curves):
+        return False
+    return min(report.mean_curve) < report.min_psnr_db + margin_db
 
 
 def run_experiment(images: list[tuple[str, Image.Image]], quality: int, cycles: int,
