@@ -393,7 +393,9 @@ def embedder_cold_load_seconds(model: Path, times: int = 3) -> list[float]:
     out = []
     for _ in range(times):
         res = subprocess.run([sys.executable, "-c", _COLD_LOAD, str(model)], capture_output=True, text=True,
-                             check=True)
+                             check=False)
+        if res.returncode != 0:
+            raise RuntimeError(f"the embedder's cold load from {model} failed:\n{res.stderr[-3000:]}")
         out.append(float(res.stdout.strip().splitlines()[-1]))
     return out
 
