@@ -40,6 +40,7 @@ from prx_assets.core.manifests import (
     read_shard_set_at,
 )
 from prx_assets.core.publish.columns import SidecarStream
+from prx_assets.core.publish.streaming_shm import streaming_registration
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ class PrxStreamingDataset(StreamingDataset):
         resolved = resolve(shard_sets, spec, cache_root)
         if resolved.epoch_size is not None:
             kwargs.setdefault("epoch_size", resolved.epoch_size)
-        super().__init__(streams=resolved.streams, **kwargs)
+        with streaming_registration():
+            super().__init__(streams=resolved.streams, **kwargs)
         offsets = self.sample_offset_per_stream
         self.skipped_ids = frozenset(int(offsets[s]) + int(i) for s, i in resolved.skip)
         self.live_samples = int(self.num_samples) - len(self.skipped_ids)

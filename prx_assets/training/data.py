@@ -128,9 +128,6 @@ def build_dataset(spec: MixtureSpec, *, batch_size: int, resolution: int, multip
     consumed different numbers of samples would otherwise wait there for a rank that has
     already finished.
     """
-    from prx_assets.core.publish.streaming_shm import clean_stale_streaming_shm
-
-    clean_stale_streaming_shm()
     options = SampleOptions(resolution=resolution, multiple=multiple, caption_plans=caption_plans(spec),
                             caption_seed=caption_seed, tower=tower)
     return MixtureDataset(options=options, spec=spec, cache_root=cache_root, batch_size=batch_size, shuffle=shuffle,

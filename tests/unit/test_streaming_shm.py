@@ -61,3 +61,57 @@ def test_a_live_streaming_dataset_keeps_its_segments(tmp_path: Path) -> None:
     assert any(n.endswith("_locals") for n in mine)
     assert not set(clean_stale_streaming_shm(min_age_s=0)) & mine
     assert sorted(s["x"] for s in ds) == list(range(8))  # still usable
+
+
+def _open_after_a_slow_prefix_search(args: tuple[str, object, float]) -> str:
+    """Open a dataset over ``out`` once every process is ready, with streaming's free-prefix
+    search slowed down: the window between picking a prefix and creating it, wide open."""
+    import time
+
+    import streaming.base.shared.prefix as prefix
+
+    from prx_assets.core.publish.shards import open_stream
+    from prx_assets.loader import release_shared_memory
+
+    out, barrier, delay = args
+    search = prefix._check_and_find_retrying
+
+    def slow(*a: object, **k: object) -> int:
+        found = search(*a, **k)
+        time.sleep(delay)
+        return found
+
+    prefix._check_and_find_retrying = slow
+    barrier.wait()  # type: ignore[attr-defined]
+    ds = None
+    try:
+        ds = open_stream(out, batch_size=1, shuffle=False)
+        got = f"ok {ds._shm_prefix_int} {sorted(s['x'] for s in ds)}"
+    except Exception as e:  # reported to the test
+        got = f"{type(e).__name__}: {e}"
+    barrier.wait()  # type: ignore[attr-defined]  # all open at once: no released prefix is reused
+    if ds is not None:
+        release_shared_memory(ds)
+    return got
+
+
+def test_datasets_opened_together_on_one_node_get_distinct_prefixes(tmp_path: Path) -> None:
+    """Streaming picks a free prefix and creates it a moment later: without the node-wide
+    registration lock, three datasets opened together pick the same one and two fail with
+    ``FileExistsError: '/<prefix>_locals'`` (mosaicml/streaming#884)."""
+    import multiprocessing as mp
+
+    from streaming import MDSWriter
+
+    out = tmp_path / "mds"
+    with MDSWriter(out=str(out), columns={"x": "int"}) as w:
+        for i in range(4):
+            w.write({"x": i})
+    ctx = mp.get_context("spawn")
+    n = 3
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(n)
+        with ctx.Pool(n) as pool:
+            results = pool.map(_open_after_a_slow_prefix_search, [(str(out), barrier, 0.5)] * n)
+    assert all(r.startswith("ok ") and r.endswith("[0, 1, 2, 3]") for r in results), results
+    assert len({r.split()[1] for r in results}) == n  # each its own prefix

@@ -551,16 +551,17 @@ def open_stream(uri: str, cache: str | None = None, **kwargs: Any) -> Any:
     a set written whole or a bucket sub-stream). Published sets: use :func:`open_shard_set`."""
     from streaming import StreamingDataset
 
-    from prx_assets.core.publish.streaming_shm import clean_stale_streaming_shm
+    from prx_assets.core.publish.streaming_shm import streaming_registration
     from prx_assets.loader import streaming_endpoint
 
-    clean_stale_streaming_shm()
     if is_remote(uri):
         split_object_uri(uri)
         streaming_endpoint()
-        local = cache or tempfile.mkdtemp(prefix="prx-mds-cache-")
-        return StreamingDataset(remote=uri, local=local, **kwargs)
-    return StreamingDataset(local=uri, **kwargs)
+        kwargs.update(remote=uri, local=cache or tempfile.mkdtemp(prefix="prx-mds-cache-"))
+    else:
+        kwargs.update(local=uri)
+    with streaming_registration():
+        return StreamingDataset(**kwargs)
 
 
 def open_shard_set(manifest: ShardSetManifest | str, cache: str | None = None, **kwargs: Any) -> Any:
@@ -569,10 +570,8 @@ def open_shard_set(manifest: ShardSetManifest | str, cache: str | None = None, *
     ``batch_size`` defaults to 1 (iterating it directly); pass the DataLoader's when training.
     """
     kwargs.setdefault("batch_size", 1)
-    from prx_assets.core.publish.streaming_shm import clean_stale_streaming_shm
     from prx_assets.loader import PrxStreamingDataset
 
-    clean_stale_streaming_shm()
     return PrxStreamingDataset(shard_sets=[manifest], cache_root=cache, **kwargs)
 
 

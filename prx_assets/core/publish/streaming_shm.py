@@ -11,12 +11,22 @@ unlinks only what no live process maps.
 It sees the processes of its own PID namespace: containers that share ``/dev/shm`` with each
 other (``--ipc=host``) but not their process tables would see each other's live segments as
 unmapped. Give each container its own ``/dev/shm`` (the default in Docker and Kubernetes).
+
+It also closes a race in streaming's prefix registration (mosaicml/streaming#884, #901, open):
+a new dataset's local leader looks for the first free prefix, and creates its ``_locals``
+segment some moments later, so two datasets started together on one node (two training jobs,
+two ``mds_readback`` checks) can pick the same number, and one fails with ``FileExistsError:
+'/000135_locals'``. :func:`streaming_registration` serializes that step node-wide.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
@@ -24,6 +34,9 @@ PROC = Path("/proc")
 #: Segments younger than this are left alone: a dataset may be creating them right now (the
 #: segment exists a moment before its creator maps it).
 MIN_AGE_S = 60.0
+#: The node-wide lock file that serializes streaming's prefix registration (in ``/dev/shm``, the
+#: namespace the prefixes live in; the temp folder where there is none).
+REGISTRATION_LOCK = "prx-streaming-registration.lock"
 
 
 def mapped_shm_names(proc: Path = PROC) -> set[str] | None:
@@ -91,3 +104,49 @@ def clean_stale_streaming_shm(shm_dir: Path = SHM_DIR, proc: Path = PROC, min_ag
             continue
         removed.append(entry.name)
     return removed
+
+
+def _lock_path(shm_dir: Path) -> Path:
+    return (shm_dir if shm_dir.is_dir() else Path(tempfile.gettempdir())) / REGISTRATION_LOCK
+
+
+@contextlib.contextmanager
+def streaming_registration(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> Iterator[None]:
+    """Construct a ``StreamingDataset`` inside this block: stale segments are cleaned first
+    (:func:`clean_stale_streaming_shm`) and no other dataset on the node registers a prefix
+    until the block ends.
+
+    The node's local leader (local rank 0, as streaming detects it) holds an exclusive ``flock``
+    on :data:`REGISTRATION_LOCK` for the block; with ``torch.distributed`` initialized, the other
+    ranks wait at a barrier until it holds it, because streaming has every rank compute the
+    prefix and only the leader create it. Every rank must enter the block, as every rank
+    constructs the dataset. The lock goes with the process, so a crashed one never leaves it held.
+    """
+    from streaming.base.world import World
+
+    leader = World.detect().is_local_leader
+    fd = None
+    if leader:
+        path = _lock_path(shm_dir)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+        with contextlib.suppress(OSError):  # another user's jobs on the node take it too
+            os.fchmod(fd, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        clean_stale_streaming_shm(shm_dir, proc)
+        _barrier()
+        yield
+    finally:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _barrier() -> None:
+    """``torch.distributed.barrier()`` where a process group is initialized (as streaming does)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
