@@ -14,7 +14,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.demo.corpus import generate_demo_corpus
 from prx_assets.core.manifests import MixtureSpec
 from prx_assets.core.publish.mixture import load_mixtures, streaming_kwargs
-from prx_assets.core.publish.streaming_shm import clean_stale_streaming_shm
+from prx_assets.core.publish.streaming_shm import streaming_registration
 from prx_assets.errors import ConfigError
 
 REPO = Path(__file__).parents[1]
@@ -56,8 +56,9 @@ def test_mixture_epoch_composition_matches_proportions(two_recipe_config: Path, 
     spec = json.loads(Path(rec.metadata["spec_uri"].value).read_text())
     assert spec["expected_samples_per_stream"] == {"photos_only": 300, "catalog_only": 100}
     assert rec.tags["dagster/data_version"] == spec["mixture_version"]
-    clean_stale_streaming_shm()
-    ds = StreamingDataset(**streaming_kwargs(MixtureSpec.from_dict(spec)), shuffle=True, shuffle_seed=7, batch_size=8)
+    with streaming_registration():  # other tests open datasets on this node at the same time
+        ds = StreamingDataset(**streaming_kwargs(MixtureSpec.from_dict(spec)), shuffle=True, shuffle_seed=7,
+                              batch_size=8)
     counts = Counter(s["source"] for s in ds)
     assert sum(counts.values()) == 400
     assert abs(counts["photos"] - 300) <= 20 and abs(counts["catalog"] - 100) <= 20

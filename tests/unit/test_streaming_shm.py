@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from prx_assets.core.publish import streaming_shm
-from prx_assets.core.publish.streaming_shm import SHM_DIR, clean_stale_streaming_shm, mapped_shm_names
+from prx_assets.core.publish.streaming_shm import (
+    SHM_DIR,
+    clean_stale_streaming_shm,
+    mapped_shm_names,
+    streaming_registration,
+)
 
 pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir() or not Path("/proc/self/maps").exists(),
                                 reason="needs Linux /dev/shm and /proc")
@@ -38,7 +43,8 @@ def test_only_segments_no_live_process_maps_are_unlinked(tmp_path: Path) -> None
     try:
         assert live in (mapped_shm_names() or set()) and leaked not in (mapped_shm_names() or set())
         assert clean_stale_streaming_shm() == []  # both are younger than the creation grace period
-        removed = clean_stale_streaming_shm(min_age_s=0)
+        with streaming_registration():  # no dataset elsewhere is creating its segments meanwhile
+            removed = clean_stale_streaming_shm(min_age_s=0)
         assert leaked in removed and live not in removed and other not in removed
         assert (SHM_DIR / live).exists() and not (SHM_DIR / leaked).exists() and (SHM_DIR / other).exists()
     finally:
@@ -56,10 +62,12 @@ def test_a_live_streaming_dataset_keeps_its_segments(tmp_path: Path) -> None:
     with MDSWriter(out=str(out), columns={"x": "int"}) as w:
         for i in range(8):
             w.write({"x": i})
-    ds = StreamingDataset(local=str(out), batch_size=2, shuffle=False)
+    with streaming_registration():  # other tests open datasets on this node at the same time
+        ds = StreamingDataset(local=str(out), batch_size=2, shuffle=False)
     mine = {p.name for p in SHM_DIR.iterdir()} & (mapped_shm_names() or set())
     assert any(n.endswith("_locals") for n in mine)
-    assert not set(clean_stale_streaming_shm(min_age_s=0)) & mine
+    with streaming_registration():  # no dataset elsewhere is creating its segments meanwhile
+        assert not set(clean_stale_streaming_shm(min_age_s=0)) & mine
     assert sorted(s["x"] for s in ds) == list(range(8))  # still usable
 
 
