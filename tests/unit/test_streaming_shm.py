@@ -123,3 +123,37 @@ def test_datasets_opened_together_on_one_node_get_distinct_prefixes(tmp_path: Pa
             results = pool.map(_open_after_a_slow_prefix_search, [(str(out), barrier, 0.5)] * n)
     assert all(r.startswith("ok ") and r.endswith("[0, 1, 2, 3]") for r in results), results
     assert len({r.split()[1] for r in results}) == n  # each its own prefix
+
+
+def test_registration_waits_for_the_node_lock_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """While another holder has the lock, a registration does not enter its block; it logs the
+    wait with the lock's path and enters once the lock is released."""
+    import fcntl
+    import logging
+    import os
+    import threading
+    import time
+
+    lock = tmp_path / streaming_shm.REGISTRATION_LOCK
+    holder = os.open(lock, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    entered = threading.Event()
+
+    def register() -> None:
+        with streaming_registration(shm_dir=tmp_path):
+            entered.set()
+
+    caplog.set_level(logging.INFO, logger=streaming_shm.__name__)
+    thread = threading.Thread(target=register, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60  # the thread imports streaming (and torch) first
+        while not any(str(lock) in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(str(lock) in r.getMessage() for r in caplog.records)
+        assert not entered.wait(0.5)  # held elsewhere: the block has not begun
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
+    assert entered.wait(30)
+    thread.join(30)

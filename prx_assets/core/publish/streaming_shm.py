@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import tempfile
 import time
@@ -121,6 +122,9 @@ def streaming_registration(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> Iterat
     ranks wait at a barrier until it holds it, because streaming has every rank compute the
     prefix and only the leader create it. Every rank must enter the block, as every rank
     constructs the dataset. The lock goes with the process, so a crashed one never leaves it held.
+    The block covers the whole constructor, index loading included (the prefix step is inside
+    it), so datasets over remote streams that start together on a node load their indexes one
+    after the other; a wait for the lock is logged with its path.
     """
     from streaming.base.world import World
 
@@ -131,7 +135,12 @@ def streaming_registration(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> Iterat
         fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
         with contextlib.suppress(OSError):  # another user's jobs on the node take it too
             os.fchmod(fd, 0o666)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.getLogger(__name__).info("waiting for %s: another dataset on this node is registering "
+                                             "its streaming prefix", path)
+            fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         clean_stale_streaming_shm(shm_dir, proc)
         _barrier()
