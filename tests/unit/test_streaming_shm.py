@@ -157,3 +157,27 @@ def test_registration_waits_for_the_node_lock_and_says_so(tmp_path: Path, caplog
         os.close(holder)
     assert entered.wait(30)
     thread.join(30)
+
+
+def test_a_registration_goes_on_without_a_lock_held_too_long(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A lock held past the wait (two multi-node jobs each holding one node's lock would wait
+    for each other for ever) is given up with a warning naming it; the block still runs."""
+    import fcntl
+    import logging
+    import os
+
+    lock = tmp_path / streaming_shm.REGISTRATION_LOCK
+    holder = os.open(lock, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    caplog.set_level(logging.INFO, logger=streaming_shm.__name__)
+    ran = False
+    try:
+        with streaming_registration(shm_dir=tmp_path, wait_s=0.2):
+            ran = True
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
+    assert ran
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and str(lock) in warned[0].getMessage()

@@ -38,6 +38,9 @@ MIN_AGE_S = 60.0
 #: The node-wide lock file that serializes streaming's prefix registration (in ``/dev/shm``, the
 #: namespace the prefixes live in; the temp folder where there is none).
 REGISTRATION_LOCK = "prx-streaming-registration.lock"
+#: How long a dataset waits for that lock before it registers without it (see
+#: :func:`streaming_registration`); registering takes well under a second with local streams.
+REGISTRATION_WAIT_S = 300.0
 
 
 def mapped_shm_names(proc: Path = PROC) -> set[str] | None:
@@ -112,7 +115,8 @@ def _lock_path(shm_dir: Path) -> Path:
 
 
 @contextlib.contextmanager
-def streaming_registration(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> Iterator[None]:
+def streaming_registration(shm_dir: Path = SHM_DIR, proc: Path = PROC,
+                           wait_s: float = REGISTRATION_WAIT_S) -> Iterator[None]:
     """Construct a ``StreamingDataset`` inside this block: stale segments are cleaned first
     (:func:`clean_stale_streaming_shm`) and no other dataset on the node registers a prefix
     until the block ends.
@@ -125,9 +129,15 @@ def streaming_registration(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> Iterat
     The block covers the whole constructor, index loading included (the prefix step is inside
     it), so datasets over remote streams that start together on a node load their indexes one
     after the other; a wait for the lock is logged with its path.
+
+    A leader waits at most ``wait_s`` seconds, then goes on without the lock (a warning says so):
+    two multi-node jobs that share nodes could otherwise each hold one node's lock while their
+    ranks on the other node wait for it, inside streaming's barriers, for ever. Going on risks
+    only the race the lock closes.
     """
     from streaming.base.world import World
 
+    log = logging.getLogger(__name__)
     leader = World.detect().is_local_leader
     fd = None
     if leader:
@@ -135,12 +145,13 @@ def streaming_registration(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> Iterat
         fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
         with contextlib.suppress(OSError):  # another user's jobs on the node take it too
             os.fchmod(fd, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logging.getLogger(__name__).info("waiting for %s: another dataset on this node is registering "
-                                             "its streaming prefix", path)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        if not _flock(fd, 0.0):
+            log.info("waiting for %s: another dataset on this node is registering its streaming prefix", path)
+            if not _flock(fd, wait_s):
+                log.warning("%s still held after %.0f s: registering this dataset's streaming prefix without it "
+                            "(a dataset started at the same moment may collide with it)", path, wait_s)
+                os.close(fd)
+                fd = None
     try:
         clean_stale_streaming_shm(shm_dir, proc)
         _barrier()
@@ -149,6 +160,19 @@ def streaming_registration(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> Iterat
         if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+
+def _flock(fd: int, wait_s: float) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` within ``wait_s`` seconds (polled); whether it was taken."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def _barrier() -> None:
