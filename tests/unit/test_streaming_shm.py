@@ -1,6 +1,11 @@
 """Streaming's leaked shared memory is cleaned; a live dataset's is not."""
 
+import contextlib
 import doctest
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
@@ -125,18 +130,26 @@ def test_datasets_opened_together_on_one_node_get_distinct_prefixes(tmp_path: Pa
     assert len({r.split()[1] for r in results}) == n  # each its own prefix
 
 
+@contextlib.contextmanager
+def _lock_held_elsewhere(shm_dir: Path) -> Iterator[Path]:
+    """The registration lock under ``shm_dir``, held through another open file (as another
+    process would hold it) for the block; yields its path."""
+    lock = shm_dir / streaming_shm.REGISTRATION_LOCK
+    holder = os.open(lock, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        yield lock
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
+
+
 def test_registration_waits_for_the_node_lock_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """While another holder has the lock, a registration does not enter its block; it logs the
     wait with the lock's path and enters once the lock is released."""
-    import fcntl
-    import logging
-    import os
     import threading
     import time
 
-    lock = tmp_path / streaming_shm.REGISTRATION_LOCK
-    holder = os.open(lock, os.O_RDONLY | os.O_CREAT)
-    fcntl.flock(holder, fcntl.LOCK_EX)
     entered = threading.Event()
 
     def register() -> None:
@@ -144,17 +157,14 @@ def test_registration_waits_for_the_node_lock_and_says_so(tmp_path: Path, caplog
             entered.set()
 
     caplog.set_level(logging.INFO, logger=streaming_shm.__name__)
-    thread = threading.Thread(target=register, daemon=True)
-    thread.start()
-    try:
+    with _lock_held_elsewhere(tmp_path) as lock:
+        thread = threading.Thread(target=register, daemon=True)
+        thread.start()
         deadline = time.monotonic() + 60  # the thread imports streaming (and torch) first
         while not any(str(lock) in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert any(str(lock) in r.getMessage() for r in caplog.records)
         assert not entered.wait(0.5)  # held elsewhere: the block has not begun
-    finally:
-        fcntl.flock(holder, fcntl.LOCK_UN)
-        os.close(holder)
     assert entered.wait(30)
     thread.join(30)
 
@@ -163,21 +173,10 @@ def test_a_registration_goes_on_without_a_lock_held_too_long(tmp_path: Path,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """A lock held past the wait (two multi-node jobs each holding one node's lock would wait
     for each other for ever) is given up with a warning naming it; the block still runs."""
-    import fcntl
-    import logging
-    import os
-
-    lock = tmp_path / streaming_shm.REGISTRATION_LOCK
-    holder = os.open(lock, os.O_RDONLY | os.O_CREAT)
-    fcntl.flock(holder, fcntl.LOCK_EX)
     caplog.set_level(logging.INFO, logger=streaming_shm.__name__)
     ran = False
-    try:
-        with streaming_registration(shm_dir=tmp_path, wait_s=0.2):
-            ran = True
-    finally:
-        fcntl.flock(holder, fcntl.LOCK_UN)
-        os.close(holder)
+    with _lock_held_elsewhere(tmp_path) as lock, streaming_registration(shm_dir=tmp_path, wait_s=0.2):
+        ran = True
     assert ran
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and str(lock) in warned[0].getMessage()
