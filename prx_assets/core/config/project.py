@@ -111,14 +111,15 @@ class IngestSettings:
         When some sampled image was measured on tiles and the sample's mean PSNR comes within this
         many dB of ``q92_min_psnr_db`` (or below it) after any cycle, the check measures those
         images again whole, re-read from the source, and judges on that: the tiles' estimate of a
-        partition's mean curve erred by up to 1.3 dB on photographs whose loss gathers in a few
-        places (``python -m bench peer``, three draws of the sample; 1.7 dB on smaller draws
-        offline), so a verdict near the bound is not left to it. ``0``: never.
+        partition's mean curve erred by up to 0.5 dB on photographs whose loss gathers in a few
+        places (``python -m bench peer``'s corpus, 10 draws of the sample), so a verdict near the
+        bound is not left to it. ``0``: never.
     q92_sample_share, q92_tile_pixels, q92_png_reference:
         The check's sample scales with the partition: this share of its images (at least
-        ``q92_sample``, at most 512), each measured at ingest on ``q92_tile_pixels`` pixels of
-        MCU-aligned 128-pixel tiles (0: the whole image); ``q92_png_reference`` also measures the
-        lossless PNG size of the tiles for the JPEG/PNG size ratio.
+        ``q92_sample``, at most 512), each measured at ingest on about ``q92_tile_pixels`` pixels
+        of MCU-aligned 128-pixel tiles cycled with 16 pixels of margin (8 tiles for the default),
+        drawn where its stored JPEG loses most (0: the whole image); ``q92_png_reference`` also
+        measures the lossless PNG size of the tiles for the JPEG/PNG size ratio.
     workers:
         Threads that read, decode and encode in parallel within one partition (Pillow releases
         the GIL in its codecs); ``0`` means one per CPU.
@@ -175,7 +176,7 @@ class IngestSettings:
         """The settings a q92 cycle curve depends on (a curve measured under others is not reused)."""
         return {"quality": self.jpeg_quality, "subsampling": self.jpeg_subsampling, "cycles": self.q92_cycles,
                 "tile_pixels": self.q92_tile_pixels, "png_reference": self.q92_png_reference,
-                "max_side": self.max_side}
+                "max_side": self.max_side, "tiles": "drawn-by-first-cycle-error"}
 
     def effective_processes(self, items: int) -> int:
         """Worker processes for a partition of ``items`` items (1: none, threads only)."""

@@ -7,8 +7,9 @@ is high enough keeps PSNR high after the first cycle and nearly flat afterwards
 
 At ingest the experiment runs on a sample that scales with the partition (``q92_sample_share`` of
 its images, at least ``q92_sample``), chosen by a hash of the image id, on MCU-aligned tiles of
-the pixels ingest has already decoded (``q92_tile_pixels`` per image): its cost is a fixed small
-share of the ingest work and its memory a few tiles, whatever the image sizes. A tile whose
+the pixels ingest has already decoded (``q92_tile_pixels`` per image), drawn where the stored JPEG
+loses most (:func:`error_weighted_curve`): its cost is a fixed small share of the ingest work and
+its memory the decoded JPEG and a few tiles. A tile whose
 decoded pixels equal the pixels it was encoded from has reached JPEG's fixed point: every later
 cycle repeats it exactly, so it is not encoded again.
 """
@@ -121,15 +122,11 @@ def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = 
     too). A tile stops being encoded once a cycle reproduces its input exactly (JPEG's fixed point:
     the later cycles are that one again). ``png_reference`` also measures the lossless PNG size.
 
-    ``first_db``, the whole image's first-cycle PSNR (ingest has its JPEG already), anchors a tiled
-    curve: the tiles then give the loss from one cycle to the next (a ratio of squared errors, a
-    shift in dB) and the whole image its level. Where loss concentrates in a few places, the ratio
-    varies less across tiles than the level: on the bench corpus's 4 partitions the worst error of
-    the mean curve fell from 0.49 to 0.33 dB with 12 tiles per image and from 0.92 to 0.73 dB with 16
-    (not in every partition: ``python -m bench peer``), on ingest's draw of the sample; other draws
-    of it came out at 0.82 and 1.30 dB. A tile's cycles reproduce the whole image's there (the interior
-    blocks' error at cycle 10 within 0.2% of it on 80% of tiles); what the grid misses is where the loss
-    concentrates."""
+    ``first_db``, the whole image's first-cycle PSNR, anchors a tiled curve: the tiles then give the
+    loss from one cycle to the next (a ratio of squared errors, a shift in dB) and the whole image its
+    level. This grid was the ingest check's estimate until :func:`error_weighted_curve` replaced it
+    (the peer bench measures both): on the bench corpus its worst error over 10 draws of the sample
+    was 2.25 dB, as a grid misses the places where the loss concentrates."""
     regions = measured_regions(rgb.size[0], rgb.size[1], max_pixels, tile)
     whole = regions == [(0, 0, rgb.size[0], rgb.size[1])]  # (one tile smaller than the image is a tile)
     if rgb.mode != "RGB":  # (a conversion copies the image: only when needed)
@@ -170,15 +167,14 @@ def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = 
                       cycles_run=cycles_run)
 
 
-#: Side of the tiles the per-partition check measures at ingest. 64-pixel tiles ran 0.4-1.4 dB high
-#: against whole images (their edges, where chroma upsampling differs, weigh more); tiles pasted
-#: into one mosaic ran 10-14 dB low (the seams). 128-pixel tiles on a grid, 12 per image
-#: (``q92_tile_pixels``), anchored on the whole image's first cycle, came within 0.23-0.33 dB on
-#: q90 JPEG originals whose loss grows 7 dB over 10 cycles and is concentrated in a few places
-#: (``python -m bench peer``), from 18% of their pixels, on ingest's draw of the sample; within
-#: 0.82 and 1.30 dB on two other draws, mostly on the optimistic side (the grid missed the places
-#: where the loss concentrates; the README's peer-bench entry has the measurements).
+#: Side of the cells the per-partition check maps the first cycle's error on and draws its tiles
+#: from (a multiple of the 16-pixel MCU). 64-pixel tiles ran 0.4-1.4 dB high against whole images
+#: (their edges, where chroma upsampling differs, weigh more); tiles pasted into one mosaic ran
+#: 10-14 dB low (the seams).
 CHECK_TILE = 128
+#: Pixels of the image kept around a drawn tile when it is cycled (a multiple of 16; ``PSNR_MARGIN``):
+#: with them the tile's first cycle is exactly the whole image's there (a test checks it bit for bit).
+CHECK_MARGIN = 16
 #: Most images one partition's check samples (its curves travel in the materialization metadata).
 MAX_CHECK_SAMPLE = 512
 
@@ -190,17 +186,147 @@ def first_cycle_db(rgb: Image.Image, jpeg: bytes) -> float:
         return psnr_db(rgb, im if im.mode == "RGB" else im.convert("RGB"))
 
 
+def first_cycle_map(rgb: Image.Image, jpeg: bytes, cell: int = CHECK_TILE) -> tuple[list[tuple[int, int, int, int]],
+                                                                                     np.ndarray]:
+    """The boxes of a grid of ``cell``-sided cells over the image (row by row; the last row and column
+    cut at its edges) and each cell's squared error, summed over channels, of ``jpeg``, the image's
+    stored JPEG (its first cycle), against its pixels. Compared a band of cells at a time: besides the
+    decoded image, the memory of one band.
+
+    >>> boxes, err = first_cycle_map(Image.new("RGB", (300, 130), (9, 9, 9)), encode_jpeg(Image.new("RGB", (300, 130), (9, 9, 9)), 92))
+    >>> boxes[-1], err.shape
+    ((256, 128, 300, 130), (6,))
+    """
+    with Image.open(io.BytesIO(jpeg)) as im:
+        im.load()
+        decoded = im if im.mode == "RGB" else im.convert("RGB")
+    w, h = rgb.size
+    boxes, errors = [], []
+    for top in range(0, h, cell):
+        band = (0, top, w, min(h, top + cell))
+        diff = ImageChops.difference(rgb.crop(band), decoded.crop(band))
+        for left in range(0, w, cell):
+            hist = np.asarray(diff.crop((left, 0, min(w, left + cell), band[3] - top)).histogram(), dtype=np.float64)
+            boxes.append((left, top, min(w, left + cell), band[3]))
+            errors.append(float(hist.reshape(-1, 256).sum(axis=0) @ _SQUARES))
+    return boxes, np.asarray(errors, dtype=np.float64)
+
+
+def draw_tiles(errors: np.ndarray, n: int, key: str) -> dict[int, int]:
+    """Which cells ``n`` draws pick, and how many draws each gets: systematic sampling with
+    probability proportional to each cell's first-cycle error, over the cells sorted by it (largest
+    first, so the draws spread over the error's range), from a start set by a hash of ``key`` (the same
+    on every run). A cell with more than ``1/n`` of the error is drawn for sure, and more than once.
+
+    >>> draw_tiles(np.array([0.0, 6.0, 2.0, 2.0]), 4, "x")
+    {1: 3, 3: 1}
+    """
+    total = float(errors.sum())
+    if total <= 0 or n <= 0:
+        return {}
+    order = np.argsort(-errors, kind="stable")
+    start = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=b"prx-q92-tiles").digest(),
+                           "big") / 2.0**64
+    edges = np.cumsum(errors[order]) / total
+    picks = np.minimum(np.searchsorted(edges, (start + np.arange(n)) / n, side="right"), len(order) - 1)
+    counts: dict[int, int] = {}
+    for i in picks.tolist():
+        counts[int(order[i])] = counts.get(int(order[i]), 0) + 1
+    return counts
+
+
+def _tile_cycles(rgb: Image.Image, box: tuple[int, int, int, int], quality: int, cycles: int, subsampling: str,
+                 margin: int) -> tuple[np.ndarray, int]:
+    """Squared error over ``box`` after each of ``cycles`` cycles of the box with ``margin`` pixels of
+    its surroundings, and the cycles encoded before a fixed point."""
+    w, h = rgb.size
+    outer = (max(0, box[0] - margin), max(0, box[1] - margin), min(w, box[2] + margin), min(h, box[3] + margin))
+    region = rgb.crop(outer)
+    inner = (box[0] - outer[0], box[1] - outer[1], box[2] - outer[0], box[3] - outer[1])
+    reference = region.crop(inner)
+    errors = np.zeros(cycles)
+    current, run = region, 0
+    for i in range(cycles):
+        decoded = Image.open(io.BytesIO(encode_jpeg(current, quality, subsampling)))
+        decoded.load()
+        if decoded.mode != "RGB":
+            decoded = decoded.convert("RGB")
+        errors[i] = _squared_error(reference, decoded.crop(inner))
+        run = i + 1
+        if ImageChops.difference(decoded, current).getbbox() is None:  # fixed point: every later cycle
+            errors[i + 1:] = errors[i]                                   # is this one again
+            break
+        current = decoded
+    return errors, run
+
+
+def error_weighted_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, subsampling: str = "4:2:0",
+                         label: str = "", tiles: int = 8, cell: int = CHECK_TILE, margin: int = CHECK_MARGIN,
+                         png_reference: bool = False) -> CycleCurve:
+    """The cycle curve of an image estimated on ``tiles`` draws of its cells, drawn with probability
+    proportional to their error in the stored JPEG ``jpeg`` (the first cycle, :func:`first_cycle_map`).
+
+    Each drawn cell is cycled with ``margin`` pixels of its surroundings, which makes its first cycle
+    the whole image's there exactly; a cycle's squared error is estimated as the drawn cells' errors
+    each divided by its probability of being drawn (Horvitz-Thompson), so the estimate of the first
+    cycle is the image's exactly and later cycles are estimated from where the first cycle's loss is.
+    A cell's loss from the first cycle to the tenth is bimodal (about 1x where it is at JPEG's fixed
+    point, 14-20x where it is not) and grows with its first-cycle error, so tiles drawn by that error
+    find the places where the image's loss concentrates, which a fixed grid misses: on the peer bench
+    corpus's 4 partitions x 10 draws of the sample the worst error of the sample's mean curve fell from
+    2.25 to 0.50 dB, and its mean from 0.58 to 0.19 dB, for 16% more time (``python -m bench peer``
+    gives the figures on its draws). ``png_reference`` also measures the drawn cells' JPEG/PNG sizes."""
+    if rgb.mode != "RGB":
+        rgb = rgb.convert("RGB")
+    w, h = rgb.size
+    boxes, first = first_cycle_map(rgb, jpeg, cell)
+    total = float(first.sum())
+    counts = draw_tiles(first, tiles, label)
+    estimate = np.zeros(cycles)
+    measured = run = jpeg_size = png_size = 0
+    for i, count in counts.items():
+        box = boxes[i]
+        errors, ran = _tile_cycles(rgb, box, quality, cycles, subsampling, margin)
+        estimate += errors * (count * total / (tiles * first[i]))
+        run = max(run, ran)
+        measured += (box[2] - box[0]) * (box[3] - box[1])
+        if png_reference:
+            region = rgb.crop(box)
+            jpeg_size += len(encode_jpeg(region, quality, subsampling))
+            png = io.BytesIO()
+            region.save(png, "PNG", compress_level=6)
+            png_size += len(png.getvalue())
+    if total <= 0:  # the stored JPEG reproduces every pixel: so does every later cycle
+        return CycleCurve(label, w, h, (float("inf"),) * cycles, len(jpeg), 0, w * h, 1)
+    first_db = 10.0 * math.log10(255.0**2 * w * h * 3 / total)
+    # Anchored on the exact first cycle (the estimate's own first cycle equals it but for rounding).
+    curve = tuple(first_db + 10.0 * math.log10(estimate[0] / e) if e > 0 else float("inf") for e in estimate)
+    return CycleCurve(label=label, width=w, height=h, psnr_db=curve,
+                      jpeg_bytes=jpeg_size if png_reference else len(jpeg), png_bytes=png_size,
+                      measured_pixels=measured, cycles_run=run)
+
+
+def check_tiles(settings: IngestSettings) -> int:
+    """Tiles the check draws per image: ``q92_tile_pixels`` over a tile's pixels with its margins
+    (8 for the default 196,608: 128-pixel tiles cycled as 160-pixel squares)."""
+    return max(1, round(settings.q92_tile_pixels / (CHECK_TILE + 2 * CHECK_MARGIN) ** 2))
+
+
 def check_curve(rgb: Image.Image, settings: IngestSettings, label: str = "", jpeg: bytes | None = None,
                 cycles: int | None = None, png_reference: bool | None = None) -> CycleCurve:
-    """One sampled image measured as the q92 check measures it: ``q92_tile_pixels`` of
-    ``CHECK_TILE`` tiles through ``q92_cycles`` (or ``cycles``) cycles, anchored on the whole image's
-    first cycle (``jpeg``: its JPEG at the configured settings when ingest has it already)."""
+    """One sampled image measured as the q92 check measures it: whole when it has at most
+    ``q92_tile_pixels`` pixels (or that setting is 0), else on :func:`check_tiles` tiles drawn by
+    where its stored JPEG (``jpeg``, its JPEG at the configured settings when ingest has it already)
+    loses most (:func:`error_weighted_curve`), through ``q92_cycles`` (or ``cycles``) cycles."""
+    cycles = cycles or settings.q92_cycles
+    png = settings.q92_png_reference if png_reference is None else png_reference
+    w, h = rgb.size
+    if settings.q92_tile_pixels <= 0 or w * h <= settings.q92_tile_pixels:
+        return cycle_curve(rgb, settings.jpeg_quality, cycles, settings.jpeg_subsampling, label, 0, CHECK_TILE, png)
     if jpeg is None:
         jpeg = encode_jpeg(rgb, settings.jpeg_quality, settings.jpeg_subsampling)
-    return cycle_curve(rgb, settings.jpeg_quality, cycles or settings.q92_cycles, settings.jpeg_subsampling, label,
-                       settings.q92_tile_pixels, CHECK_TILE,
-                       settings.q92_png_reference if png_reference is None else png_reference,
-                       first_db=first_cycle_db(rgb, jpeg))
+    return error_weighted_curve(rgb, jpeg, settings.jpeg_quality, cycles, settings.jpeg_subsampling, label,
+                                check_tiles(settings), CHECK_TILE, CHECK_MARGIN, png)
 
 
 def sample_rate(items: int, min_images: int, share: float, cap: int = MAX_CHECK_SAMPLE) -> float:
