@@ -281,6 +281,8 @@ def error_weighted_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: in
     w, h = rgb.size
     boxes, first = first_cycle_map(rgb, jpeg, cell)
     total = float(first.sum())
+    if total <= 0:  # the stored JPEG reproduces every pixel: so does every later cycle
+        return CycleCurve(label, w, h, (float("inf"),) * cycles, len(jpeg), 0, w * h, 1)
     counts = draw_tiles(first, tiles, label)
     estimate = np.zeros(cycles)
     measured = run = jpeg_size = png_size = 0
@@ -296,11 +298,10 @@ def error_weighted_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: in
             png = io.BytesIO()
             region.save(png, "PNG", compress_level=6)
             png_size += len(png.getvalue())
-    if total <= 0:  # the stored JPEG reproduces every pixel: so does every later cycle
-        return CycleCurve(label, w, h, (float("inf"),) * cycles, len(jpeg), 0, w * h, 1)
     first_db = 10.0 * math.log10(255.0**2 * w * h * 3 / total)
     # Anchored on the exact first cycle (the estimate's own first cycle equals it but for rounding).
-    curve = tuple(first_db + 10.0 * math.log10(estimate[0] / e) if e > 0 else float("inf") for e in estimate)
+    level = estimate[0] if estimate[0] > 0 else total
+    curve = tuple(first_db + 10.0 * math.log10(level / e) if e > 0 else float("inf") for e in estimate)
     return CycleCurve(label=label, width=w, height=h, psnr_db=curve,
                       jpeg_bytes=jpeg_size if png_reference else len(jpeg), png_bytes=png_size,
                       measured_pixels=measured, cycles_run=run)
