@@ -187,6 +187,8 @@ def test_drawn_tiles_reproduce_the_first_cycle_exactly_and_are_unbiased() -> Non
     jpeg = encode_jpeg(image, 92)
     boxes, first = first_cycle_map(image, jpeg)
     assert len(boxes) == 6 * 5 and sum((b[2] - b[0]) * (b[3] - b[1]) for b in boxes) == 700 * 530
+    banded_boxes, banded = first_cycle_map(image, jpeg, banded_above=0)  # as a large image is mapped
+    assert banded_boxes == boxes and banded.tolist() == first.tolist()  # bit for bit, no whole decode
     for i, box in enumerate(boxes):
         errors, _ = _tile_cycles(image, box, 92, 1, "4:2:0", CHECK_MARGIN)
         assert errors[0] == first[i], box  # bit for bit, edge cells too
