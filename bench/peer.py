@@ -289,7 +289,8 @@ def _peak_mb(args: tuple[int, int]) -> float:
     """Extra peak memory (MB) of the ingest-time q92 experiment on one ``w``x``h`` image already
     decoded and encoded (as at ingest), in a fresh process: the peak RSS is reset
     (``/proc/self/clear_refs``) once the image and its JPEG exist, and read back after the experiment
-    (which decodes that JPEG whole to map its first cycle's error)."""
+    (which maps its first cycle's error: from a whole decode of that JPEG up to 16 Mpx, band by band
+    above)."""
     from prx_assets.core.config.project import IngestSettings
     from prx_assets.core.ingest.images import encode_jpeg
     from prx_assets.core.ingest.jpeg_quality import check_curve
