@@ -258,6 +258,13 @@ def encode_jpeg(rgb: Image.Image, quality: int, subsampling: str = "4:2:0") -> b
     return buf.getvalue()
 
 
+def decode_rgb(data: bytes) -> Image.Image:
+    """Decode encoded image bytes (the JPEGs this module writes) into loaded RGB pixels."""
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        return im if im.mode == "RGB" else im.convert("RGB")
+
+
 #: A synthetic image (few colors, PSNR above the bound) is stored losslessly only while its lossless
 #: bytes are at most this many times its JPEG bytes; an image below the PSNR bound always is.
 LOSSLESS_MAX_GROWTH = 2.0
@@ -344,9 +351,7 @@ def jpeg_psnr(rgb: Image.Image, jpeg: bytes, quality: int = 92, subsampling: str
         estimate, worst = tiles_psnr(rgb, quality, subsampling)
         if estimate >= bound + PSNR_FULL_MARGIN_DB and worst >= bound:
             return estimate
-    with Image.open(io.BytesIO(jpeg)) as im:
-        im.load()
-        return psnr_db(rgb, im if im.mode == "RGB" else im.convert("RGB"))
+    return psnr_db(rgb, decode_rgb(jpeg))
 
 
 def tiles_psnr(rgb: Image.Image, quality: int, subsampling: str) -> tuple[float, float]:
@@ -360,9 +365,7 @@ def tiles_psnr(rgb: Image.Image, quality: int, subsampling: str) -> tuple[float,
     mosaic = Image.new("RGB", (cols * cell, rows * cell))
     for i, (x, y) in enumerate(corners):
         mosaic.paste(rgb.crop((x - m, y - m, x + t + m, y + t + m)), ((i % cols) * cell, (i // cols) * cell))
-    with Image.open(io.BytesIO(encode_jpeg(mosaic, quality, subsampling))) as im:
-        im.load()
-        decoded = np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
+    decoded = np.asarray(decode_rgb(encode_jpeg(mosaic, quality, subsampling)))
     # Every cell's squared error over its tile (the cell less its margin): the tiles are viewed in
     # place (a row of a cell as one run of 3 * t bytes), so margins are never subtracted or summed.
     def tiles(a: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image, ImageChops
 
 from prx_assets.core.config.project import IngestSettings
-from prx_assets.core.ingest.images import encode_jpeg, psnr_db
+from prx_assets.core.ingest.images import decode_rgb, encode_jpeg, psnr_db
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -107,11 +107,15 @@ def measured_regions(width: int, height: int, max_pixels: int = MAX_MEASURED_PIX
 _SQUARES = np.arange(256, dtype=np.float64) ** 2
 
 
+def _squared_sum(diff: Image.Image) -> float:
+    """Sum of squares over every channel of an absolute-difference image, exactly, from its histogram
+    (in C: no array copies of the pixels)."""
+    return float(np.asarray(diff.histogram(), dtype=np.float64).reshape(-1, 256).sum(axis=0) @ _SQUARES)
+
+
 def _squared_error(a: Image.Image, b: Image.Image) -> float:
-    """Sum of squared differences over every channel of two RGB images of one size, exactly, from the
-    histogram of their absolute difference (in C: no array copies of the pixels)."""
-    hist = np.asarray(ImageChops.difference(a, b).histogram(), dtype=np.float64).reshape(-1, 256).sum(axis=0)
-    return float(hist @ _SQUARES)
+    """Sum of squared differences over every channel of two RGB images of one size (:func:`_squared_sum`)."""
+    return _squared_sum(ImageChops.difference(a, b))
 
 
 def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = "4:2:0",
@@ -141,10 +145,7 @@ def cycle_curve(rgb: Image.Image, quality: int, cycles: int, subsampling: str = 
             data = encode_jpeg(current, quality, subsampling)
             if i == 0:
                 first_size += len(data)
-            decoded = Image.open(io.BytesIO(data))
-            decoded.load()
-            if decoded.mode != "RGB":
-                decoded = decoded.convert("RGB")
+            decoded = decode_rgb(data)
             err = _squared_error(region, decoded)
             sq_err[i] += err
             cycles_run = max(cycles_run, i + 1)
@@ -181,9 +182,7 @@ MAX_CHECK_SAMPLE = 512
 
 def first_cycle_db(rgb: Image.Image, jpeg: bytes) -> float:
     """The whole image's first-cycle PSNR: its stored JPEG (the first cycle's bytes) against its pixels."""
-    with Image.open(io.BytesIO(jpeg)) as im:
-        im.load()
-        return psnr_db(rgb, im if im.mode == "RGB" else im.convert("RGB"))
+    return psnr_db(rgb, decode_rgb(jpeg))
 
 
 #: Images above this many pixels have their first cycle's error mapped one band of cells at a time,
@@ -210,11 +209,7 @@ def first_cycle_map(rgb: Image.Image, jpeg: bytes, cell: int = CHECK_TILE, quali
     ((256, 128, 300, 130), (6,))
     """
     w, h = rgb.size
-    decoded = None
-    if w * h <= banded_above:
-        with Image.open(io.BytesIO(jpeg)) as im:
-            im.load()
-            decoded = im if im.mode == "RGB" else im.convert("RGB")
+    decoded = decode_rgb(jpeg) if w * h <= banded_above else None
     boxes, errors = [], []
     for top in range(0, h, cell):
         rows = (top, min(h, top + cell))
@@ -223,16 +218,12 @@ def first_cycle_map(rgb: Image.Image, jpeg: bytes, cell: int = CHECK_TILE, quali
         else:
             outer = (max(0, top - CHECK_MARGIN), min(h, rows[1] + CHECK_MARGIN))
             band = rgb.crop((0, outer[0], w, outer[1]))
-            with Image.open(io.BytesIO(encode_jpeg(band, quality, subsampling))) as im:
-                im.load()
-                again = im if im.mode == "RGB" else im.convert("RGB")
             inner = (0, rows[0] - outer[0], w, rows[1] - outer[0])
-            diff = ImageChops.difference(band.crop(inner), again.crop(inner))
-            del band, again
+            diff = ImageChops.difference(band.crop(inner), decode_rgb(encode_jpeg(band, quality, subsampling)).crop(inner))
+            del band
         for left in range(0, w, cell):
-            hist = np.asarray(diff.crop((left, 0, min(w, left + cell), rows[1] - top)).histogram(), dtype=np.float64)
             boxes.append((left, top, min(w, left + cell), rows[1]))
-            errors.append(float(hist.reshape(-1, 256).sum(axis=0) @ _SQUARES))
+            errors.append(_squared_sum(diff.crop((left, 0, min(w, left + cell), rows[1] - top))))
     return boxes, np.asarray(errors, dtype=np.float64)
 
 
@@ -271,10 +262,7 @@ def _tile_cycles(rgb: Image.Image, box: tuple[int, int, int, int], quality: int,
     errors = np.zeros(cycles)
     current, run = region, 0
     for i in range(cycles):
-        decoded = Image.open(io.BytesIO(encode_jpeg(current, quality, subsampling)))
-        decoded.load()
-        if decoded.mode != "RGB":
-            decoded = decoded.convert("RGB")
+        decoded = decode_rgb(encode_jpeg(current, quality, subsampling))
         errors[i] = _squared_error(reference, decoded.crop(inner))
         run = i + 1
         if ImageChops.difference(decoded, current).getbbox() is None:  # fixed point: every later cycle
