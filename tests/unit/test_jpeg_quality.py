@@ -120,7 +120,7 @@ def test_sample_scales_with_the_partition_and_is_stable() -> None:
 
 
 def test_check_tiles_estimate_whole_images_within_a_few_tenths_of_a_db() -> None:
-    """The ingest-time sample (q92_tile_pixels per image, drawn where the stored JPEG loses most)
+    """The ingest-time sample (cells drawn where the stored JPEG loses most, then where it keeps losing)
     tracks the whole images' mean curve within 0.3 dB at every cycle, for a fraction of the pixels."""
     from prx_assets.core.demo.corpus import make_scene
     from prx_assets.core.ingest.jpeg_quality import QualityReport, check_curve
@@ -134,7 +134,8 @@ def test_check_tiles_estimate_whole_images_within_a_few_tenths_of_a_db() -> None
     tiles = QualityReport(quality=92, cycles=6, min_psnr_db=S.q92_min_psnr_db,
                           curves=[check_curve(im, S, label, cycles=6, png_reference=False) for label, im in images])
     assert all(0 < c.measured_pixels < c.width * c.height for c in tiles.curves)
-    assert sum(c.measured_pixels for c in tiles.curves) * 3 < sum(c.measured_pixels for c in whole.curves)
+    # The first draws' cells are compared once more, the second draws' through every cycle: under half the pixels.
+    assert sum(c.measured_pixels for c in tiles.curves) * 2 < sum(c.measured_pixels for c in whole.curves)
     assert max(abs(a - b) for a, b in zip(whole.mean_curve, tiles.mean_curve, strict=True)) < 0.3
 
 
@@ -150,21 +151,27 @@ def _patched(seed: int = 3) -> Image.Image:
 
 
 def test_tiles_drawn_by_first_cycle_error_find_loss_a_grid_misses() -> None:
-    """The check's tiles are drawn where the stored JPEG loses most, so loss gathered in one place
-    is measured: the estimate stays within 0.15 dB of the whole image at every cycle, where the
-    grid the check used before (anchored on the same first cycle) is off by 0.35 dB."""
+    """The check's cells are drawn where the stored JPEG loses most, so loss gathered in one place is
+    measured: over 20 images' worth of draws (labels) the estimate's worst error over the cycles is
+    under 0.05 dB in the median and under 0.2 dB on 18 or more, where the grid the check used before
+    (anchored on the same first cycle) is off by 0.35 dB. (The one-phase draws were within 0.05 dB on
+    every label of this image, whose loss sits in 4 cells; over the bench corpus's draws the two
+    phases halve the error, see :func:`two_phase_curve`.)"""
     from prx_assets.core.ingest.images import encode_jpeg
-    from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, check_curve, first_cycle_db
+    from prx_assets.core.ingest.jpeg_quality import CHECK_TILE, check_curve, check_draws, first_cycle_db
 
     image = _patched()
     jpeg = encode_jpeg(image, 92)
     whole = cycle_curve(image, 92, 8, max_pixels=0, png_reference=False)
-    drawn = check_curve(image, S, "patched", jpeg=jpeg, cycles=8, png_reference=False)
     grid = cycle_curve(image, 92, 8, max_pixels=S.q92_tile_pixels, tile=CHECK_TILE, png_reference=False,
                        first_db=first_cycle_db(image, jpeg))
     assert whole.psnr_db[0] - whole.psnr_db[-1] > 1.0  # the patch's loss grows over the cycles
-    assert drawn.measured_pixels <= S.q92_tile_pixels
-    assert max(abs(a - b) for a, b in zip(whole.psnr_db, drawn.psnr_db, strict=True)) < 0.15
+    worst = []
+    for k in range(20):
+        drawn = check_curve(image, S, f"patched-{k}", jpeg=jpeg, cycles=8, png_reference=False)
+        assert drawn.measured_pixels <= check_draws(S, 8)[0] * CHECK_TILE**2  # the first draws' cells
+        worst.append(max(abs(a - b) for a, b in zip(whole.psnr_db, drawn.psnr_db, strict=True)))
+    assert float(np.median(worst)) < 0.05 and sum(w < 0.2 for w in worst) >= 18, worst
     assert max(abs(a - b) for a, b in zip(whole.psnr_db, grid.psnr_db, strict=True)) > 0.3
 
 
@@ -204,6 +211,48 @@ def test_drawn_tiles_reproduce_the_first_cycle_exactly_and_are_unbiased() -> Non
     assert draw_tiles(np.zeros(4), 8, "a") == {} and draw_tiles(np.array([0.0, 1.0]), 3, "b") == {1: 3}
     flat = Image.new("RGB", (900, 700), (128, 128, 128))  # JPEG reproduces it exactly: no loss to draw on
     assert error_weighted_curve(flat, encode_jpeg(flat, 92), 92, 3).psnr_db == (float("inf"),) * 3
+
+
+def test_two_phase_draws_cycle_the_second_cycle_exactly_and_are_unbiased() -> None:
+    """A first draw starts from the stored JPEG's decode around its cell (cropped, or for an image
+    mapped band by band, decoded from the cell encoded with a wider margin), so its second cycle is
+    exactly the whole image's there; drawing every cell gives the whole image's curve; the first
+    cycle is exact and the draws are the same on every run."""
+    from prx_assets.core.demo.corpus import make_scene
+    from prx_assets.core.ingest.images import decode_rgb, encode_jpeg
+    from prx_assets.core.ingest.jpeg_quality import (
+        CHECK_MARGIN,
+        _cycles,
+        _first_cycle_region,
+        _squared_error,
+        _with_margin,
+        first_cycle_db,
+        first_cycle_map,
+        two_phase_curve,
+    )
+
+    image = make_scene(np.random.default_rng(11), 700, 530).image
+    jpeg = encode_jpeg(image, 92)
+    once = decode_rgb(jpeg)
+    twice = decode_rgb(encode_jpeg(once, 92))
+    boxes, _ = first_cycle_map(image, jpeg)
+    for box in boxes:
+        outer, inner = _with_margin(image.size, box, CHECK_MARGIN)
+        start = _first_cycle_region(image, once, outer, 92, "4:2:0", CHECK_MARGIN)
+        banded = _first_cycle_region(image, None, outer, 92, "4:2:0", CHECK_MARGIN)
+        assert banded.tobytes() == start.tobytes() == once.crop(outer).tobytes(), box
+        reference = image.crop(box)
+        errors, _, _, _ = _cycles(start, reference, inner, 92, 1, "4:2:0")
+        assert errors[0] == _squared_error(reference, twice.crop(box)), box  # bit for bit, edge cells too
+    curve = two_phase_curve(image, jpeg, 92, 6, label="a", tiles=8)
+    assert curve.psnr_db[0] == pytest.approx(first_cycle_db(image, jpeg), abs=1e-9)
+    assert curve == two_phase_curve(image, jpeg, 92, 6, label="a", tiles=8)
+    every = two_phase_curve(image, jpeg, 92, 6, label="a", tiles=100_000, first_draws=100_000)
+    whole = cycle_curve(image, 92, 6, max_pixels=0, png_reference=False)
+    assert every.psnr_db[1] == pytest.approx(whole.psnr_db[1], abs=1e-3)  # the second cycle: exact in every cell
+    assert max(abs(a - b) for a, b in zip(every.psnr_db, whole.psnr_db, strict=True)) < 0.05
+    flat = Image.new("RGB", (900, 700), (128, 128, 128))
+    assert two_phase_curve(flat, encode_jpeg(flat, 92), 92, 3).psnr_db == (float("inf"),) * 3
 
 
 def test_a_tiled_curve_anchored_on_the_whole_first_cycle_keeps_the_tiles_drops() -> None:

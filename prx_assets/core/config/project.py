@@ -176,7 +176,7 @@ class IngestSettings:
         """The settings a q92 cycle curve depends on (a curve measured under others is not reused)."""
         return {"quality": self.jpeg_quality, "subsampling": self.jpeg_subsampling, "cycles": self.q92_cycles,
                 "tile_pixels": self.q92_tile_pixels, "png_reference": self.q92_png_reference,
-                "max_side": self.max_side, "tiles": "drawn-by-first-cycle-error"}
+                "max_side": self.max_side, "tiles": "two-phase-by-first-and-second-cycle-error"}
 
     def effective_processes(self, items: int) -> int:
         """Worker processes for a partition of ``items`` items (1: none, threads only)."""

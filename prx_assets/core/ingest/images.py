@@ -265,6 +265,13 @@ def decode_rgb(data: bytes) -> Image.Image:
         return im if im.mode == "RGB" else im.convert("RGB")
 
 
+def decode_own_jpeg(data: bytes, size: tuple[int, int]) -> Image.Image:
+    """Decode a JPEG that :func:`encode_jpeg` made from an RGB image of ``size``, by libjpeg directly:
+    the same pixels as :func:`decode_rgb`, without Pillow parsing the file's markers in Python first
+    (about a quarter of the time for a 160-pixel tile, which the q92 check decodes dozens of times)."""
+    return Image.frombytes("RGB", size, data, "jpeg", "RGB", "")
+
+
 #: A synthetic image (few colors, PSNR above the bound) is stored losslessly only while its lossless
 #: bytes are at most this many times its JPEG bytes; an image below the PSNR bound always is.
 LOSSLESS_MAX_GROWTH = 2.0
