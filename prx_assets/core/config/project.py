@@ -112,14 +112,15 @@ class IngestSettings:
         many dB of ``q92_min_psnr_db`` (or below it) after any cycle, the check measures those
         images again whole, re-read from the source, and judges on that: the tiles' estimate of a
         partition's mean curve erred by up to 0.5 dB on photographs whose loss gathers in a few
-        places (``python -m bench peer``'s corpus, 10 draws of the sample), so a verdict near the
+        places (``python -m bench peer``'s corpus, 40 draws of the sample), so a verdict near the
         bound is not left to it. ``0``: never.
     q92_sample_share, q92_tile_pixels, q92_png_reference:
         The check's sample scales with the partition: this share of its images (at least
-        ``q92_sample``, at most 512), each measured at ingest on about ``q92_tile_pixels`` pixels
-        of MCU-aligned 128-pixel tiles cycled with 16 pixels of margin (8 tiles for the default),
-        drawn where its stored JPEG loses most (0: the whole image); ``q92_png_reference`` also
-        measures the lossless PNG size of the tiles for the JPEG/PNG size ratio.
+        ``q92_sample``, at most 512), each measured at ingest on MCU-aligned 128-pixel cells cycled
+        with 16 pixels of margin, as many cycles as ``q92_tile_pixels`` of such tiles through every
+        cycle (8 tiles for the default), drawn where its stored JPEG loses most and then where a
+        second cycle shows it keeps losing (0: the whole image); ``q92_png_reference`` also
+        measures the lossless PNG size of the first draws' cells for the JPEG/PNG size ratio.
     workers:
         Threads that read, decode and encode in parallel within one partition (Pillow releases
         the GIL in its codecs); ``0`` means one per CPU.

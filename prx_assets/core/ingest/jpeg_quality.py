@@ -228,7 +228,9 @@ def _first_cycle(rgb: Image.Image, jpeg: bytes, cell: int, quality: int, subsamp
             outer = (max(0, top - CHECK_MARGIN), min(h, rows[1] + CHECK_MARGIN))
             band = rgb.crop((0, outer[0], w, outer[1]))
             inner = (0, rows[0] - outer[0], w, rows[1] - outer[0])
-            diff = ImageChops.difference(band.crop(inner), decode_own_jpeg(encode_jpeg(band, quality, subsampling), band.size).crop(inner))
+            again = decode_own_jpeg(encode_jpeg(band, quality, subsampling), band.size)
+            diff = ImageChops.difference(band.crop(inner), again.crop(inner))
+            del again
             del band
         for left in range(0, w, cell):
             boxes.append((left, top, min(w, left + cell), rows[1]))
@@ -281,19 +283,25 @@ def _cycles(current: Image.Image, reference: Image.Image, inner: tuple[int, int,
             cycles: int, subsampling: str) -> tuple[np.ndarray, int, Image.Image, bool]:
     """Cycle ``current`` ``cycles`` times; the squared error of ``inner`` against ``reference`` after each
     cycle, the cycles encoded, the last decode and whether it reached JPEG's fixed point (it equals its
-    input: every later cycle is that one again, so it is not encoded again)."""
+    input: every later cycle is that one again, so it is not encoded again; the last cycle's own input
+    is not compared, see :func:`_is_fixed`)."""
     errors = np.zeros(cycles)
     run, fixed = 0, False
     for i in range(cycles):
         decoded = decode_own_jpeg(encode_jpeg(current, quality, subsampling), current.size)
         errors[i] = _squared_error(reference, decoded.crop(inner))
         run = i + 1
-        if ImageChops.difference(decoded, current).getbbox() is None:
+        if i + 1 < cycles and _is_fixed(decoded, current):
             errors[i + 1:] = errors[i]
             fixed = True
             break
         current = decoded
     return errors, run, current, fixed
+
+
+def _is_fixed(decoded: Image.Image, encoded: Image.Image) -> bool:
+    """Whether a cycle reproduced its input exactly (JPEG's fixed point)."""
+    return ImageChops.difference(decoded, encoded).getbbox() is None
 
 
 def _first_cycle_region(rgb: Image.Image, decoded: Image.Image | None, outer: tuple[int, int, int, int],
@@ -376,9 +384,9 @@ def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, su
     weights' mean; :data:`SECOND_DRAW_FLOOR` keeps every weight above zero, so there is no bias). What
     varies from cell to cell after the first cycle is whether the cell keeps losing (about 14-20x its
     first-cycle error by the tenth cycle) or sits at JPEG's fixed point (about 1x, adding nothing); one
-    more cycle shows which, so the second draws go to the cells that keep losing. Within the same cycles (:func:`check_draws`: 24
-    cells cycled once and 7 through the other 8 cycles, against 8 through 10; a cell drawn twice is
-    cycled once), on the peer bench corpus's 4 partitions x 40 draws of the sample the worst error of
+    more cycle shows which, so the second draws go to the cells that keep losing. Within the same
+    cycles (:func:`check_draws`: 24 cells cycled once and 7 through the other 8 cycles, against 8
+    through 10; a cell drawn twice is cycled once), on the peer bench corpus's 4 partitions x 40 draws of the sample the worst error of
     the mean curves fell from 1.29 to 0.49 dB against :func:`error_weighted_curve`, the mean of the
     draws' worst from 0.43 to 0.23 dB, and the draws within 0.3 dB rose from 14 to 32, for about the
     same time. ``png_reference`` measures the first draws' JPEG/PNG sizes."""
@@ -391,7 +399,7 @@ def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, su
         return CycleCurve(label, w, h, (float("inf"),) * cycles, len(jpeg), 0, w * h, 1)
     n1 = first_draws or 3 * tiles
     drawn = draw_tiles(first, n1, label)
-    second: dict[int, tuple[float, Image.Image, bool, Image.Image, tuple[int, int, int, int]]] = {}
+    second: dict[int, tuple[float, Image.Image, Image.Image, Image.Image, tuple[int, int, int, int]]] = {}
     measured = jpeg_size = png_size = 0
     run = 1
     for i in drawn:
@@ -400,8 +408,8 @@ def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, su
         reference = rgb.crop(box)
         start = _first_cycle_region(rgb, decoded, outer, quality, subsampling, margin) if cycles > 1 else None
         if start is not None:
-            err, ran, last, fixed = _cycles(start, reference, inner, quality, 1, subsampling)
-            second[i] = (float(err[0]), last, fixed, reference, inner)
+            err, ran, last, _ = _cycles(start, reference, inner, quality, 1, subsampling)
+            second[i] = (float(err[0]), start, last, reference, inner)
             run = max(run, 1 + ran)
         measured += (box[2] - box[0]) * (box[3] - box[1])
         if png_reference:
@@ -413,7 +421,7 @@ def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, su
     estimate = np.zeros(cycles)
     estimate[0] = total
     if cycles > 1:
-        # One entry per first draw (a cell drawn twice twice): its first- and second-cycle errors and
+        # One entry per first draw (a cell drawn twice appears twice): its first- and second-cycle errors and
         # its probability, so each draw's second-cycle error over that probability estimates the total.
         cells = [i for i, count in drawn.items() for _ in range(count)]
         e1 = np.array([first[i] for i in cells])
@@ -432,8 +440,8 @@ def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, su
                 picked[cells[j]] = picked.get(cells[j], 0) + count
             added = np.zeros(cycles - 2)
             for i, count in picked.items():
-                err2, last, fixed, reference, inner = second[i]
-                if not fixed:
+                err2, start, last, reference, inner = second[i]
+                if not _is_fixed(last, start):  # else every later cycle is the second again: adds nothing
                     later, ran, _, _ = _cycles(last, reference, inner, quality, cycles - 2, subsampling)
                     run = max(run, 2 + ran)
                     added += count * (later - err2) / (abs(err2 - first[i]) + SECOND_DRAW_FLOOR * err2)
@@ -452,19 +460,26 @@ def check_tiles(settings: IngestSettings) -> int:
     return max(1, round(settings.q92_tile_pixels / (CHECK_TILE + 2 * CHECK_MARGIN) ** 2))
 
 
+#: The share of :func:`check_tiles` tiles' cycles the two phases spend: cells drawn by their first-cycle
+#: error alone often reach JPEG's fixed point and stop early (58 encodes of 80 per image on the peer
+#: bench corpus), the cells the second draws pick keep losing and rarely do.
+CHECK_CYCLES_SHARE = 0.9
+
+
 def check_draws(settings: IngestSettings, cycles: int | None = None) -> tuple[int, int]:
-    """The check's first and second draws per image (:func:`two_phase_curve`) within the cycles of
-    :func:`check_tiles` tiles: the second draws as many as fit with three first draws each (a first
-    draw is cycled once, a second one through the cycles after the second), the first draws the rest
-    (24 and 7 for the defaults: 24 + 7 x 8 = 80 tile cycles, as 8 tiles through 10 cycles).
+    """The check's first and second draws per image (:func:`two_phase_curve`): three first draws per
+    tile of :func:`check_tiles` (each cycled once), and as many second draws (each through the cycles
+    after the second) as keep the total within ``CHECK_CYCLES_SHARE`` of those tiles' cycles. For the
+    defaults, 24 and 6: 24 + 6 x 8 = 72 tile cycles against 8 tiles through 10 cycles; the check took
+    the same time as the one-phase draws (see :func:`two_phase_curve`).
 
     >>> check_draws(IngestSettings())
-    (24, 7)
+    (24, 6)
     """
     cycles = cycles or settings.q92_cycles
-    budget = check_tiles(settings) * cycles
-    second = max(1, budget // (3 + max(0, cycles - 2)))
-    return max(second, budget - second * max(0, cycles - 2)), second
+    tiles = check_tiles(settings)
+    first = 3 * tiles
+    return first, max(1, round(CHECK_CYCLES_SHARE * tiles * cycles - first) // max(1, cycles - 2))
 
 
 def check_curve(rgb: Image.Image, settings: IngestSettings, label: str = "", jpeg: bytes | None = None,
