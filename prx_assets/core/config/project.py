@@ -117,7 +117,7 @@ class IngestSettings:
     q92_sample_share, q92_tile_pixels, q92_png_reference:
         The check's sample scales with the partition: this share of its images (at least
         ``q92_sample``, at most 512), each measured at ingest on MCU-aligned 128-pixel cells cycled
-        with 16 pixels of margin, as many cycles as ``q92_tile_pixels`` of such tiles through every
+        with 16 pixels of margin, 90% of the cycles of ``q92_tile_pixels`` of such tiles through every
         cycle (8 tiles for the default), drawn where its stored JPEG loses most and then where a
         second cycle shows it keeps losing (0: the whole image); ``q92_png_reference`` also
         measures the lossless PNG size of the first draws' cells for the JPEG/PNG size ratio.

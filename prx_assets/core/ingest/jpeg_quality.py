@@ -384,12 +384,13 @@ def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, su
     weights' mean; :data:`SECOND_DRAW_FLOOR` keeps every weight above zero, so there is no bias). What
     varies from cell to cell after the first cycle is whether the cell keeps losing (about 14-20x its
     first-cycle error by the tenth cycle) or sits at JPEG's fixed point (about 1x, adding nothing); one
-    more cycle shows which, so the second draws go to the cells that keep losing. Within the same
-    cycles (:func:`check_draws`: 24 cells cycled once and 7 through the other 8 cycles, against 8
-    through 10; a cell drawn twice is cycled once), on the peer bench corpus's 4 partitions x 40 draws of the sample the worst error of
-    the mean curves fell from 1.29 to 0.49 dB against :func:`error_weighted_curve`, the mean of the
-    draws' worst from 0.43 to 0.23 dB, and the draws within 0.3 dB rose from 14 to 32, for about the
-    same time. ``png_reference`` measures the first draws' JPEG/PNG sizes."""
+    more cycle shows which, so the second draws go to the cells that keep losing. With the check's
+    draws (:func:`check_draws`: 24 cells cycled once and 6 through the other 8 cycles, against 8
+    through 10; a cell drawn twice is cycled once), on the peer bench corpus's 4 partitions x 40
+    draws of the sample the worst error of the mean curves fell from 1.29 to 0.61 dB against
+    :func:`error_weighted_curve`, the mean of the draws' worst from 0.43 to 0.22 dB, and the draws
+    within 0.3 dB rose from 14 to 36 (7 second draws: 0.49 dB, 0.23 dB and 32, for 6% more time).
+    ``png_reference`` measures the first draws' JPEG/PNG sizes."""
     if rgb.mode != "RGB":
         rgb = rgb.convert("RGB")
     w, h = rgb.size
