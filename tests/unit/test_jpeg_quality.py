@@ -242,7 +242,7 @@ def test_two_phase_draws_cycle_the_second_cycle_exactly_and_are_unbiased() -> No
         banded = _first_cycle_region(image, None, outer, 92, "4:2:0", CHECK_MARGIN)
         assert banded.tobytes() == start.tobytes() == once.crop(outer).tobytes(), box
         reference = image.crop(box)
-        errors, _, _, _ = _cycles(start, reference, inner, 92, 1, "4:2:0")
+        errors, _, _ = _cycles(start, reference, inner, 92, 1, "4:2:0")
         assert errors[0] == _squared_error(reference, twice.crop(box)), box  # bit for bit, edge cells too
     curve = two_phase_curve(image, jpeg, 92, 6, label="a", tiles=8)
     assert curve.psnr_db[0] == pytest.approx(first_cycle_db(image, jpeg), abs=1e-9)

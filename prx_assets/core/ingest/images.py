@@ -372,7 +372,7 @@ def tiles_psnr(rgb: Image.Image, quality: int, subsampling: str) -> tuple[float,
     mosaic = Image.new("RGB", (cols * cell, rows * cell))
     for i, (x, y) in enumerate(corners):
         mosaic.paste(rgb.crop((x - m, y - m, x + t + m, y + t + m)), ((i % cols) * cell, (i // cols) * cell))
-    decoded = np.asarray(decode_rgb(encode_jpeg(mosaic, quality, subsampling)))
+    decoded = np.asarray(decode_own_jpeg(encode_jpeg(mosaic, quality, subsampling), mosaic.size))
     # Every cell's squared error over its tile (the cell less its margin): the tiles are viewed in
     # place (a row of a cell as one run of 3 * t bytes), so margins are never subtracted or summed.
     def tiles(a: np.ndarray) -> np.ndarray:

@@ -222,16 +222,11 @@ def _first_cycle(rgb: Image.Image, jpeg: bytes, cell: int, quality: int, subsamp
     boxes, errors = [], []
     for top in range(0, h, cell):
         rows = (top, min(h, top + cell))
-        if decoded is not None:
-            diff = ImageChops.difference(rgb.crop((0, rows[0], w, rows[1])), decoded.crop((0, rows[0], w, rows[1])))
-        else:
-            outer = (max(0, top - CHECK_MARGIN), min(h, rows[1] + CHECK_MARGIN))
-            band = rgb.crop((0, outer[0], w, outer[1]))
-            inner = (0, rows[0] - outer[0], w, rows[1] - outer[0])
-            again = decode_own_jpeg(encode_jpeg(band, quality, subsampling), band.size)
-            diff = ImageChops.difference(band.crop(inner), again.crop(inner))
-            del again
-            del band
+        band = (0, rows[0], w, rows[1])
+        stored = decoded.crop(band) if decoded is not None else _decoded_region(rgb, band, CHECK_MARGIN, quality,
+                                                                                subsampling)
+        diff = ImageChops.difference(rgb.crop(band), stored)
+        del stored
         for left in range(0, w, cell):
             boxes.append((left, top, min(w, left + cell), rows[1]))
             errors.append(_squared_sum(diff.crop((left, 0, min(w, left + cell), rows[1] - top))))
@@ -267,7 +262,7 @@ def _tile_cycles(rgb: Image.Image, box: tuple[int, int, int, int], quality: int,
     its surroundings, and the cycles encoded before a fixed point."""
     outer, inner = _with_margin(rgb.size, box, margin)
     region = rgb.crop(outer)
-    errors, run, _, _ = _cycles(region, region.crop(inner), inner, quality, cycles, subsampling)
+    errors, run, _ = _cycles(region, region.crop(inner), inner, quality, cycles, subsampling)
     return errors, run
 
 
@@ -280,23 +275,22 @@ def _with_margin(size: tuple[int, int], box: tuple[int, int, int, int], margin: 
 
 
 def _cycles(current: Image.Image, reference: Image.Image, inner: tuple[int, int, int, int], quality: int,
-            cycles: int, subsampling: str) -> tuple[np.ndarray, int, Image.Image, bool]:
+            cycles: int, subsampling: str) -> tuple[np.ndarray, int, Image.Image]:
     """Cycle ``current`` ``cycles`` times; the squared error of ``inner`` against ``reference`` after each
-    cycle, the cycles encoded, the last decode and whether it reached JPEG's fixed point (it equals its
-    input: every later cycle is that one again, so it is not encoded again; the last cycle's own input
-    is not compared, see :func:`_is_fixed`)."""
+    cycle, the cycles encoded and the last decode. A cycle that reproduces its input exactly has reached
+    JPEG's fixed point: every later cycle is that one again, so it is not encoded again (the last
+    cycle's own input is not compared, see :func:`_is_fixed`)."""
     errors = np.zeros(cycles)
-    run, fixed = 0, False
+    run = 0
     for i in range(cycles):
         decoded = decode_own_jpeg(encode_jpeg(current, quality, subsampling), current.size)
         errors[i] = _squared_error(reference, decoded.crop(inner))
         run = i + 1
         if i + 1 < cycles and _is_fixed(decoded, current):
             errors[i + 1:] = errors[i]
-            fixed = True
             break
         current = decoded
-    return errors, run, current, fixed
+    return errors, run, current
 
 
 def _is_fixed(decoded: Image.Image, encoded: Image.Image) -> bool:
@@ -307,11 +301,18 @@ def _is_fixed(decoded: Image.Image, encoded: Image.Image) -> bool:
 def _first_cycle_region(rgb: Image.Image, decoded: Image.Image | None, outer: tuple[int, int, int, int],
                         quality: int, subsampling: str, margin: int) -> Image.Image:
     """The stored JPEG's decode over ``outer``: cropped from ``decoded``, or (an image mapped band by band)
-    the decode of ``outer`` encoded with ``margin`` more pixels around it, which is the same bit for bit."""
+    from :func:`_decoded_region`."""
     if decoded is not None:
         return decoded.crop(outer)
-    wide, inner = _with_margin(rgb.size, outer, margin)
-    region = rgb.crop(wide)
+    return _decoded_region(rgb, outer, margin, quality, subsampling)
+
+
+def _decoded_region(rgb: Image.Image, box: tuple[int, int, int, int], margin: int, quality: int,
+                    subsampling: str) -> Image.Image:
+    """The stored JPEG's decode over ``box`` without decoding it whole: ``box`` encoded with ``margin``
+    pixels of its surroundings (a multiple of 16), decoded and cropped back, which is the same bit for bit."""
+    outer, inner = _with_margin(rgb.size, box, margin)
+    region = rgb.crop(outer)
     return decode_own_jpeg(encode_jpeg(region, quality, subsampling), region.size).crop(inner)
 
 
@@ -409,7 +410,7 @@ def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, su
         reference = rgb.crop(box)
         start = _first_cycle_region(rgb, decoded, outer, quality, subsampling, margin) if cycles > 1 else None
         if start is not None:
-            err, ran, last, _ = _cycles(start, reference, inner, quality, 1, subsampling)
+            err, ran, last = _cycles(start, reference, inner, quality, 1, subsampling)
             second[i] = (float(err[0]), start, last, reference, inner)
             run = max(run, 1 + ran)
         measured += (box[2] - box[0]) * (box[3] - box[1])
@@ -443,7 +444,7 @@ def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, su
             for i, count in picked.items():
                 err2, start, last, reference, inner = second[i]
                 if not _is_fixed(last, start):  # else every later cycle is the second again: adds nothing
-                    later, ran, _, _ = _cycles(last, reference, inner, quality, cycles - 2, subsampling)
+                    later, ran, _ = _cycles(last, reference, inner, quality, cycles - 2, subsampling)
                     run = max(run, 2 + ran)
                     added += count * (later - err2) / (abs(err2 - first[i]) + SECOND_DRAW_FLOOR * err2)
             estimate[2:] = np.maximum(0.0, estimate[1] + weight.mean() * added / tiles)
