@@ -75,7 +75,7 @@ EMBEDDING_CHECK_QUERIES = int(os.environ.get("PRX_BENCH_SCALE_EMBEDDING_QUERIES"
 NOOP_BATCHES = int(os.environ.get("PRX_BENCH_SCALE_BATCHES", "20000"))
 #: Images of the end-to-end figure on the demo graph (0 skips it: a 4,000-image run takes ~30 min here).
 E2E_IMAGES = int(os.environ.get("PRX_BENCH_SCALE_E2E_IMAGES", "4000"))
-#: Parts to leave out (comma-separated: discovery, noop, e2e, churn), e.g. those that do not depend on the rows
+#: Parts to leave out (comma-separated: discovery, noop, e2e, churn, recut), e.g. those that do not depend on the rows
 #: when re-measuring a row count; their keys are then null. ``rest`` stops after the lab sync rounds.
 SKIP = {p.strip() for p in os.environ.get("PRX_BENCH_SCALE_SKIP", "").split(",") if p.strip()}
 #: The local PostgreSQL server (trust auth) that holds the no-op bench's Dagster instance.
@@ -586,6 +586,7 @@ def child_main(argv: list[str]) -> None:
         import pyarrow.parquet as pq
 
         from prx_assets.core.curate.recipes import Dedup, Recipe
+        from prx_assets.core.curate.search_codes import search_codes
         from prx_assets.core.curate.search_models import search_models
         from prx_assets.core.curate.selection import select
         from prx_assets.core.lab.sync import embedding_column
@@ -594,11 +595,14 @@ def child_main(argv: list[str]) -> None:
                         dedup=Dedup(exact=True, phash_distance=4, embedding_threshold=EMBEDDING_THRESHOLD))
         column = embedding_column("e-1")
         kept = os.environ.get("PRX_BENCH_SCALE_SEARCH_MODELS", "1") != "0"  # 0: train per cut (curation-1)
+        codes = os.environ.get("PRX_BENCH_SCALE_SEARCH_CODES", "1") != "0"  # 0: every vector read per cut
         t = time.perf_counter()
         sub = select(lance.dataset(table_uri(root, "images")), recipe, ["c-1"], embedding_column=column,
-                     search_models=search_models(root, recipe, column) if kept else None)
+                     search_models=search_models(root, recipe, column) if kept else None,
+                     search_codes=search_codes(root, column) if codes else None)
         result.update(seconds=time.perf_counter() - t, selected=sub.count, dropped=sub.dropped,
-                      content_hash=sub.content_hash, search_model=sub.lineage.get("search_model"))
+                      content_hash=sub.content_hash, search_model=sub.lineage.get("search_model"),
+                      search_codes=sub.work.get("search_codes"))
         if len(argv) > 2:
             pq.write_table(sub.selected.select(["image_id"]), argv[2])
     elif kind == "embedding_check":  # the inverted file vs every pair, for sampled query rows
@@ -738,6 +742,7 @@ def run() -> dict[str, Any]:
                     "lab_sync_peak_gb": max(v["changes_peak_gb"] for v in syncs.values()), "lab_sync": syncs}
         curation = _child(["curate", big, str(tmp / "cut-kept.parquet")])
         churn = None if "churn" in SKIP else embedding_churn(big, tmp)
+        recut = None if "recut" in SKIP else recut_rounds(big, tmp)
         maintenance = _child(["maintain", big])
         phash = _child(["phash_check", big, str(min(ROWS, 20_000))])
         emb = _child(["embedding_check", big, str(min(ROWS, EMBEDDING_CHECK_ROWS)), str(EMBEDDING_CHECK_QUERIES)])
@@ -765,6 +770,7 @@ def run() -> dict[str, Any]:
             "curation_seconds": round(curation["seconds"], 2), "curation_peak_gb": round(curation["peak_gb"], 2),
             "curation_selected": curation["selected"], "curation_dropped": curation["dropped"],
             "embedding_churn": churn, "embedding_churn_rows": churn["kept_models"]["old_rows_moved"] if churn else None,
+            "curation_recut": recut, "curation_recut_share": recut["share"] if recut else None,
             "maintenance": {k: round(v, 2) if isinstance(v, float) else v for k, v in maintenance.items()},
             "phash_pairs_match": phash["match"], "phash_check_sample": phash["sample"],
             "embedding_recall": None if emb["recall"] is None else round(emb["recall"], 4),
@@ -812,8 +818,27 @@ def embedding_churn(big: str, tmp: Path) -> dict[str, Any]:
         added = int(pc.sum(pc.invert(pc.is_in(old_after, value_set=before.combine_chunks()))).as_py() or 0)
         out[side] = {"old_rows_moved": dropped + added, "old_dropped": dropped, "old_added": added,
                      "new_selected": len(after) - len(old_after), "recut_seconds": round(again["seconds"], 2),
-                     "search_model": again.get("search_model")}
+                     "search_model": again.get("search_model"), "search_codes": again.get("search_codes")}
     return out
+
+
+def recut_rounds(big: str, tmp: Path) -> dict[str, Any]:
+    """A re-cut of the bench recipe with the search codes kept per data file (curation's default)
+    against one that reads every survivor's vector (``PRX_BENCH_SCALE_SEARCH_CODES=0``), alternated
+    for ``ROUNDS`` rounds (the codes are kept by the cuts before); both must give the same subset."""
+    sides: dict[str, list[dict[str, Any]]] = {"kept_codes": [], "every_vector": []}
+    for rnd in range(ROUNDS):
+        for side in ("kept_codes", "every_vector") if rnd % 2 == 0 else ("every_vector", "kept_codes"):
+            env = None if side == "kept_codes" else {"PRX_BENCH_SCALE_SEARCH_CODES": "0"}
+            sides[side].append(_child(["curate", big, str(tmp / f"recut-{side}.parquet")], env=env))
+    med = {k: statistics.median(r["seconds"] for r in v) for k, v in sides.items()}
+    return {"kept_codes_seconds": round(med["kept_codes"], 2), "every_vector_seconds": round(med["every_vector"], 2),
+            "share": round(med["kept_codes"] / med["every_vector"], 3),
+            "kept_codes_peak_gb": round(max(r["peak_gb"] for r in sides["kept_codes"]), 2),
+            "every_vector_peak_gb": round(max(r["peak_gb"] for r in sides["every_vector"]), 2),
+            "same_subset": len({r["content_hash"] for v in sides.values() for r in v}) == 1,
+            "search_codes": sides["kept_codes"][-1].get("search_codes"),
+            "spread": {k: [round(r["seconds"], 2) for r in v] for k, v in sides.items()}}
 
 
 SCENARIO_NAMES = {"new": "new images (a batch, captioned and embedded)",
@@ -843,6 +868,11 @@ def format_table(r: dict[str, Any]) -> str:
            f"models (re-cut {r['embedding_churn']['kept_models']['recut_seconds']} s) vs "
            f"{r['embedding_churn']['trained_per_cut']['old_rows_moved']} with a model trained per cut "
            f"({r['embedding_churn']['trained_per_cut']['recut_seconds']} s; target 0)"] if r.get("embedding_churn") else []),
+        *([f"  re-cut with the search codes kept per data file vs reading every vector: "
+           f"{r['curation_recut']['kept_codes_seconds']} s vs {r['curation_recut']['every_vector_seconds']} s "
+           f"({r['curation_recut']['share']:.0%}; peak {r['curation_recut']['kept_codes_peak_gb']} vs "
+           f"{r['curation_recut']['every_vector_peak_gb']} GB; same subset: {r['curation_recut']['same_subset']}; "
+           f"spread {r['curation_recut']['spread']})"] if r.get("curation_recut") else []),
         *([f"  maintenance of the lab after the rounds (compaction, index optimisation, cleanup): "
            f"{r['maintenance']['seconds']} s, fragments {r['maintenance']['fragments_before']} -> "
            f"{r['maintenance']['fragments_after']}, rows outside an index {r['maintenance']['unindexed_before']:,} -> "

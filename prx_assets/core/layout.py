@@ -9,6 +9,7 @@ and an object-store prefix::
       ingest/batches/<source>/<seq>.json      immutable batch manifests (one per partition)
       lance/<table>.lance                     images, rejects, captions, embeddings_<embedder id>
       curated/<recipe>/<subset id>/           subset.json + ids.parquet
+      curated/_codes/<column>/<key>/          embedding dedup's search codes per Lance data file
       mds/<recipe>/<shard set id>/            MDS shards, index.json, manifest.json
       mixtures/<mixture>/<version>.json       mixture specs the trainer reads
       training/<mixture>/<version>/<run>/     checkpoints (local data roots)
@@ -136,3 +137,18 @@ def search_model(recipe: str, key: str, generation: int) -> str:
     """A recipe's kept embedding-dedup search model of one size generation (see
     :mod:`prx_assets.core.curate.search_models`)."""
     return f"{CURATED_DIR}/{recipe}/_search/{key}-g{generation:02d}.npz"
+
+
+def search_codes_dir(column: str) -> str:
+    """Embedding dedup's kept search codes of one lab column, shared by every recipe (see
+    :mod:`prx_assets.core.curate.search_codes`)."""
+    return f"{CURATED_DIR}/_codes/{column}"
+
+
+def search_codes(column: str, key: str, data_file: str) -> str:
+    """The kept search codes of one Lance data file of ``column`` (``data_file``: its name less ``.lance``).
+
+    >>> search_codes("emb__e_1", "ab12", "0101f3")
+    'curated/_codes/emb__e_1/ab12/0101f3.npz'
+    """
+    return f"{search_codes_dir(column)}/{key}/{data_file}.npz"

@@ -4,6 +4,7 @@ import dagster as dg
 from pydantic import Field
 
 from prx_assets.core.curate.optout import load_requests, registry_version
+from prx_assets.core.curate.search_codes import search_codes
 from prx_assets.core.curate.search_models import search_models
 from prx_assets.core.curate.selection import select
 from prx_assets.core.curate.subsets import write_subset
@@ -81,7 +82,8 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     emb_col = embedding_column(models.embedder.embedder_id()) if models.embedder else None
     optouts = load_requests(root)
     subset = select(ds, recipe, known_captioner_ids=models.captioner_ids(), embedding_column=emb_col,
-                    optouts=optouts, search_models=search_models(root, recipe, emb_col) if emb_col else None)
+                    optouts=optouts, search_models=search_models(root, recipe, emb_col) if emb_col else None,
+                    search_codes=search_codes(root, emb_col) if emb_col else None)
     stored = write_subset(root, ds, recipe, subset)
     context.log.info(f"{recipe.name}: {subset.count} of {subset.total} images at Lance version "
                      f"{subset.version}; dropped {subset.dropped}")
@@ -106,6 +108,8 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
             "caption_columns": dg.MetadataValue.json(subset.caption_columns),
             **({"search_model": dg.MetadataValue.json(subset.lineage["search_model"])}
                if "search_model" in subset.lineage else {}),
+            **({"search_codes": dg.MetadataValue.json(subset.work["search_codes"])}
+               if "search_codes" in subset.work else {}),
             **subset_pictures(ds, subset.selected.column("image_id"), subset.caption_columns[0] if subset.caption_columns else None,
                               subset.buckets, subset.dropped),
             "candidates": subset.total,

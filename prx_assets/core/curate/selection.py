@@ -40,6 +40,7 @@ from prx_assets.core.curate.digests import content_hash_of, digests_of
 from prx_assets.core.curate.multi_index import SearchModels
 from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
+from prx_assets.core.curate.search_codes import SearchCodes, codes_by_address
 from prx_assets.core.lab.changes import vector_matrix
 from prx_assets.core.lab.sql import where_in
 from prx_assets.core.lab.sync import CAPTION_PREFIX, caption_column
@@ -69,6 +70,9 @@ class Subset:
     optout_dropped: dict[str, int] = field(default_factory=dict)  # request id -> images it removed
     #: Lineage that is not identity (e.g. ``search_model``: the kept model embedding dedup filed rows with).
     lineage: dict[str, Any] = field(default_factory=dict)
+    #: How the cut ran, neither identity nor lineage (e.g. ``search_codes``: data files whose codes were
+    #: read, computed and deleted); reported in the run's metadata, not written with the subset.
+    work: dict[str, Any] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -138,12 +142,14 @@ SCAN_ABOVE_SHARE = 0.25
 
 def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence[str] = (),
            embedding_column: str | None = None, optouts: Sequence[OptOutRequest] = (),
-           search_models: SearchModels | None = None) -> Subset:
+           search_models: SearchModels | None = None, search_codes: SearchCodes | None = None) -> Subset:
     """Run ``recipe`` on the lab version ``ds`` (see module docs); ``optouts`` (recorded requests)
     apply to every recipe, each with its own drop count in ``Subset.optout_dropped``.
     ``search_models`` keeps embedding dedup's trained multi-index between cuts (see
     :mod:`prx_assets.core.curate.search_models`): without it, rows added later may move which
-    near-threshold pairs among earlier rows are found.
+    near-threshold pairs among earlier rows are found. ``search_codes`` keeps the survivors' int8
+    codes per Lance data file (:mod:`prx_assets.core.curate.search_codes`), so a cut reads the
+    vectors of new data files only; the subset is the same with or without it.
 
     The candidates stream from one Lance scan (the filters pushed down) in Arrow batches; the rules
     that look at one row at a time (opt-outs, requests, captions) filter each batch as it comes, and
@@ -201,8 +207,14 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     if threshold is not None and embedding_column is not None:
         if search_models is not None:
             search_models.last = None  # set again only if this cut files its rows with a model
-        apply("dedup_embedding", embedding_keep(ds, embedding_column, _column_at(t, "_rowid", alive), float(threshold),
-                                                models=search_models))
+        if search_codes is not None:
+            search_codes.stats = {}  # set again only if this cut reads or computes codes
+        apply("dedup_embedding", embedding_keep(
+            ds, embedding_column, _column_at(t, "_rowid", alive), float(threshold), models=search_models,
+            addresses=_column_at(t, "_rowaddr", alive) if search_codes is not None else None,
+            search_codes=search_codes))
+        if search_codes is not None and search_codes.stats:
+            out.work["search_codes"] = dict(search_codes.stats)
         if search_models is not None and search_models.last is not None:
             out.lineage["search_model"] = dict(search_models.last)
     kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(np.sort(alive)))
@@ -266,15 +278,17 @@ def candidates(ds: lance.LanceDataset, where: str | None, caption_columns: Seque
     as the compact table dedup runs on, and how many rows each rule removed.
 
     Columns: ``image_id``, ``_sha`` (the original's sha256 as 32 bytes, see :func:`sha_keys`),
-    ``phash``, ``_area`` (pixels), ``aspect_bucket``, ``digest`` (content digest) and ``_rowid``.
+    ``phash``, ``_area`` (pixels), ``aspect_bucket``, ``digest`` (content digest), ``_rowid`` and
+    ``_rowaddr`` (the row's fragment and offset).
     Streamed from one scan a batch at a time: the caption texts are hashed into the digest, and the
     URIs and captions the rules read are dropped with their batch: what is held is these columns,
-    about 85 bytes a row plus the id."""
+    about 93 bytes a row plus the id."""
     cols = ["image_id", "uri", "sha256", "ingest_config", "phash", "width", "height", "aspect_bucket",
             *caption_columns]
     removed = [0] * len(rules)
     parts = []
-    for batch in ds.scanner(columns=cols, filter=where, with_row_id=True, batch_size=batch_rows).to_batches():
+    for batch in ds.scanner(columns=cols, filter=where, with_row_id=True, with_row_address=True,
+                            batch_size=batch_rows).to_batches():
         for k, rule in enumerate(rules):
             if not batch.num_rows:
                 break
@@ -288,11 +302,12 @@ def candidates(ds: lance.LanceDataset, where: str | None, caption_columns: Seque
             "phash": batch.column("phash"),
             "_area": pc.multiply(pc.cast(batch.column("width"), pa.int64()), pc.cast(batch.column("height"), pa.int64())),
             "aspect_bucket": batch.column("aspect_bucket"), "digest": digests_of(batch, caption_columns),
-            "_rowid": batch.column("_rowid")})
+            "_rowid": batch.column("_rowid"), "_rowaddr": batch.column("_rowaddr")})
         parts.append(part)
     if not parts:
         return pa.schema({"image_id": pa.string(), "_sha": pa.binary(32), "phash": pa.uint64(), "_area": pa.int64(),
-                          "aspect_bucket": pa.string(), "digest": pa.string(), "_rowid": pa.uint64()}).empty_table(), removed
+                          "aspect_bucket": pa.string(), "digest": pa.string(), "_rowid": pa.uint64(),
+                          "_rowaddr": pa.uint64()}).empty_table(), removed
     return pa.concat_tables(parts), removed
 
 
@@ -335,14 +350,17 @@ def sha_keys(sha256: pa.Array) -> pa.FixedSizeBinaryArray:
 
 
 def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, threshold: float,
-                   models: SearchModels | None = None) -> np.ndarray:
+                   models: SearchModels | None = None, addresses: np.ndarray | None = None,
+                   search_codes: SearchCodes | None = None) -> np.ndarray:
     """Greedy embedding dedup of the rows ``row_ids`` in their order (see
     :mod:`prx_assets.core.curate.dedup`); ``models`` keeps the multi-index's trained part.
 
     Up to ``EMBEDDING_EXACT_BELOW`` rows their vectors are read into one matrix and every pair is
     compared. Above it only int8 codes of the vectors are held (about 132 bytes a row, 1.3 GB at
-    10M: the float32 vectors of 1,152 dimensions would be 46 GB), filled as the vectors stream in;
-    the candidate pairs' full vectors are taken by row id afterwards."""
+    10M: the float32 vectors of 1,152 dimensions would be 46 GB), filled as the vectors stream in,
+    or, with ``search_codes`` and the rows' ``addresses``, read from the codes kept per data file
+    (computed for the files not seen before); the candidate pairs' full vectors are taken by row id
+    afterwards."""
     row_ids = np.asarray(row_ids, dtype=np.uint64)
     n = len(row_ids)
     dim = ds.schema.field(column).type.list_size
@@ -364,7 +382,12 @@ def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, thr
         codes[pos[good]] = c
         scale[pos[good]] = sc
         ok[pos[good]] = True
-    read_by_row_ids(ds, column, row_ids, encode)
+    if search_codes is not None and addresses is not None:
+        def put(pos: np.ndarray, good: np.ndarray, c: np.ndarray, sc: np.ndarray) -> None:
+            codes[pos[good]], scale[pos[good]], ok[pos[good]] = c[good], sc[good], True
+        codes_by_address(ds, column, addresses, mapping, search_codes, put)
+    else:
+        read_by_row_ids(ds, column, row_ids, encode)
     valid = np.flatnonzero(ok)
     for a in range(0, len(valid), SCAN_ROWS):  # compact in place: each chunk reads rows at or after it
         take = valid[a:a + SCAN_ROWS]

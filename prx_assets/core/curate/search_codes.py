@@ -1,0 +1,214 @@
+"""Embedding dedup's search codes, kept per Lance data file, so a cut reads 133 bytes a row instead
+of every survivor's vector.
+
+Above the exact method's size, embedding dedup files each survivor by an int8 code of its vector
+(:func:`~prx_assets.core.curate.dedup.encode_for_search` through the fixed
+:func:`~prx_assets.core.curate.dedup.search_map`: 128 bytes and a scale, a function of the vector
+alone). Computing them reads every survivor's vector, 2,304 bytes a row for 1,152 half-float
+dimensions, on every cut of every recipe, though a new batch changes a few fragments.
+
+Lance data files are immutable, and a fragment's column lives in exactly one of them: the lab sync's
+``update_columns``, a ``merge_insert`` or a compaction that changes the column writes a new file.
+So the codes of one data file's rows never change. They are computed once, for every row of the
+fragment, and kept at ``curated/_codes/<column>/<key>/<data file>.npz`` (:func:`layout.search_codes`),
+indexed by each row's offset in its fragment; the key hashes the map's own values and
+:data:`CODES_VERSION`, so a new map or encoding never reads old codes. A cut finds each survivor's
+fragment and offset from its row address and reads the kept codes of the fragments it touches,
+computing only those of data files it has not seen (new batches, rewritten columns, compacted
+fragments). Every recipe shares them. A cut of the table's latest version deletes the codes of
+data files that version no longer holds (a cut of an older version deletes nothing, and one whose
+codes were deleted computes them again). A kept file that cannot be read is an error naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import lance
+import numpy as np
+
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.dedup import encode_for_search
+from prx_assets.core.lab.changes import vector_matrix
+from prx_assets.errors import PrxError
+
+#: Bump when what a kept code holds changes (the encoding, the fields of the file).
+CODES_VERSION = 1
+#: Rows of a fragment encoded at a time while its codes are computed.
+ENCODE_ROWS = 32_768
+_OFFSET_MASK = np.uint64(0xFFFFFFFF)
+
+
+class SearchCodesError(PrxError):
+    """Kept search codes that cannot be read or do not fit their fragment."""
+
+
+def codes_key(mapping: np.ndarray) -> str:
+    """What kept codes are keyed by besides their data file: :data:`CODES_VERSION` and the map's values.
+
+    >>> m = np.eye(4, dtype=np.float32)
+    >>> codes_key(m) == codes_key(m.copy()), codes_key(m) == codes_key(2 * m)
+    (True, False)
+    """
+    h = hashlib.sha256(f"prx-search-codes-v{CODES_VERSION}:{mapping.shape}:{mapping.dtype}:".encode())
+    h.update(np.ascontiguousarray(mapping).tobytes())
+    return h.hexdigest()[:12]
+
+
+@dataclass
+class FragmentCodes:
+    """One data file's codes by row offset: ``ok`` says which rows have a usable vector (a deleted
+    row, a null, non-finite or zero vector has none)."""
+
+    codes: np.ndarray
+    scale: np.ndarray
+    ok: np.ndarray
+
+    @classmethod
+    def empty(cls, rows: int, width: int) -> FragmentCodes:
+        """``rows`` rows of no usable vector."""
+        return cls(np.zeros((rows, width), np.int8), np.zeros(rows, np.float32), np.zeros(rows, bool))
+
+    def to_bytes(self) -> bytes:
+        """An ``.npz`` of the three arrays (uncompressed: int8 codes of a random map do not shrink)."""
+        buf = io.BytesIO()
+        np.savez(buf, codes=self.codes, scale=self.scale, ok=self.ok)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, rows: int, width: int, where: str) -> FragmentCodes:
+        """Read :meth:`to_bytes`' output, checked against the fragment's ``rows`` and the code ``width``."""
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                out = cls(z["codes"], z["scale"], z["ok"])
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise SearchCodesError(f"kept search codes {where} cannot be read ({e}); delete the file and the "
+                                   "next cut computes them again") from None
+        if out.codes.shape != (rows, width) or out.scale.shape != (rows,) or out.ok.shape != (rows,) \
+                or out.codes.dtype != np.int8:
+            raise SearchCodesError(f"kept search codes {where} hold {out.codes.shape} {out.codes.dtype} codes, not "
+                                   f"({rows}, {width}) int8 for its fragment; delete the file and the next cut "
+                                   "computes them again")
+        return out
+
+
+@dataclass
+class SearchCodes:
+    """The kept codes of one lab column under a data root; ``stats`` counts, per cut, the data files
+    whose codes were read (``kept``), computed (``computed``) and deleted (``pruned``), and the rows
+    computed (``rows_computed``)."""
+
+    root: DataRoot
+    column: str
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def rel(self, key: str, data_file: str) -> str:
+        """Where the codes of ``data_file`` (a Lance data file's name) are kept."""
+        return layout.search_codes(self.column, key, data_file.rsplit("/", 1)[-1].removesuffix(".lance"))
+
+    def load(self, key: str, data_file: str, rows: int, width: int) -> FragmentCodes | None:
+        """The kept codes of ``data_file``, or ``None`` when there are none."""
+        rel = self.rel(key, data_file)
+        try:
+            data = self.root.read_bytes(rel)
+        except FileNotFoundError:
+            return None
+        return FragmentCodes.from_bytes(data, rows, width, self.root.join(rel))
+
+    def save(self, key: str, data_file: str, codes: FragmentCodes) -> None:
+        """Keep ``codes`` for ``data_file`` (whole-file writes: a reader sees all of it or none)."""
+        self.root.write_bytes(self.rel(key, data_file), codes.to_bytes())
+
+    def prune(self, key: str, live: set[str]) -> int:
+        """Delete the kept codes (of every key) whose data file is not in ``live``; how many."""
+        gone = 0
+        for rel in self.root.list(layout.search_codes_dir(self.column)):
+            folder, _, name = rel.rpartition("/")
+            if name.endswith(".npz") and (folder.rpartition("/")[2] != key or name.removesuffix(".npz") not in live):
+                self.root.delete(rel)  # absent already (another cut pruned it): nothing happens
+                gone += 1
+        return gone
+
+
+def column_files(ds: lance.LanceDataset, column: str) -> dict[int, tuple[str | None, int]]:
+    """Per fragment id: the name of the data file holding ``column`` (``None`` when no file of the
+    fragment holds it: every value is null), and the fragment's physical rows. A fragment with data
+    overlays (which this project never writes) is left out: its codes are computed on every cut,
+    never kept."""
+    field_id = ds.lance_schema.field(column).id()
+    out: dict[int, tuple[str | None, int]] = {}
+    for frag in ds.get_fragments():
+        meta = frag.metadata
+        if getattr(meta, "overlays", None):
+            continue
+        path = next((df.path for df in meta.files if field_id in df.fields), None)
+        out[frag.fragment_id] = (path, meta.physical_rows)
+    return out
+
+
+def compute_fragment(ds: lance.LanceDataset, column: str, fragment_id: int, rows: int, mapping: np.ndarray,
+                     ) -> FragmentCodes:
+    """Codes of every row of one fragment, by offset, from one scan of its ``column``."""
+    out = FragmentCodes.empty(rows, mapping.shape[1])
+    frag = ds.get_fragment(fragment_id)
+    for batch in frag.scanner(columns=[column], with_row_address=True, batch_size=ENCODE_ROWS).to_batches():
+        offsets = (batch.column("_rowaddr").to_numpy() & _OFFSET_MASK).astype(np.int64)
+        good, codes, scale = encode_for_search(vector_matrix(batch.column(column)), mapping)
+        at = offsets[good]
+        out.codes[at], out.scale[at], out.ok[at] = codes, scale, True
+    return out
+
+
+def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray, mapping: np.ndarray,
+                     kept: SearchCodes | None,
+                     on_block: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]) -> None:
+    """Call ``on_block(positions, ok, codes, scale)`` for the rows at ``addresses`` (row addresses of
+    ``ds``; positions index ``addresses``), a fragment at a time: codes read from ``kept`` where it
+    holds the fragment's data file, else computed for the whole fragment (and kept). With ``kept`` at
+    the table's latest version, the codes of data files it no longer holds are deleted afterwards."""
+    addresses = np.asarray(addresses, dtype=np.uint64)
+    if not len(addresses):
+        return
+    key = codes_key(mapping)
+    width = mapping.shape[1]
+    files = column_files(ds, column)
+    frag_ids = (addresses >> np.uint64(32)).astype(np.int64)
+    order = np.argsort(frag_ids, kind="stable")
+    sorted_frags = frag_ids[order]
+    bounds = np.flatnonzero(np.diff(sorted_frags)) + 1
+    stats = {"kept": 0, "computed": 0, "rows_computed": 0, "pruned": 0}
+    for positions in np.split(order, bounds):
+        fid = int(frag_ids[positions[0]])
+        if fid in files:
+            data_file, rows = files[fid]
+        else:  # overlays: computed, never kept
+            data_file, rows = None, ds.get_fragment(fid).metadata.physical_rows
+        got = kept.load(key, data_file, rows, width) if kept is not None and data_file is not None else None
+        if fid in files and data_file is None:  # no file holds the column here: no usable vector
+            got = FragmentCodes.empty(rows, width)
+        elif got is None:
+            got = compute_fragment(ds, column, fid, rows, mapping)
+            stats["computed"] += 1
+            stats["rows_computed"] += rows
+            if kept is not None and data_file is not None:
+                kept.save(key, data_file, got)
+        else:
+            stats["kept"] += 1
+        offsets = (addresses[positions] & _OFFSET_MASK).astype(np.int64)
+        on_block(positions, got.ok[offsets], got.codes[offsets], got.scale[offsets])
+    if kept is not None:
+        latest = ds.latest_version
+        if ds.version == latest:  # a cut of an older version deletes nothing
+            live = {path.rsplit("/", 1)[-1].removesuffix(".lance") for path, _ in files.values() if path}
+            stats["pruned"] = kept.prune(key, live)
+        kept.stats = stats
+
+
+def search_codes(root: DataRoot, column: str) -> SearchCodes:
+    """The kept search codes of the lab's ``column`` under ``root`` (shared by every recipe)."""
+    return SearchCodes(root, column)

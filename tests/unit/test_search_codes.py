@@ -1,0 +1,161 @@
+"""Kept search codes (core/curate/search_codes.py): the same subsets as reading every vector, and
+codes that follow the Lance data files, so a rewritten column is never read from stale codes."""
+
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import Dedup, Recipe
+from prx_assets.core.curate.search_codes import SearchCodesError, codes_key, search_codes
+from prx_assets.core.curate.selection import Subset, select
+from tests.unit.test_dedup import spread_pairs
+
+DIM = 64
+
+
+def _lab(uri: str, vecs: np.ndarray, first: int = 0, mode: str = "create",
+         storage_options: dict[str, str] | None = None, with_vectors: bool = True) -> None:
+    """A lab-shaped table (stable row ids, as the lab's) of ``vecs``, 1,000 rows a fragment (appended
+    ``with_vectors=False``: fragments no data file of which holds the column, as a batch ingested
+    before its embeddings are synced)."""
+    n = len(vecs)
+    ids = [f"{first + i:012x}" for i in range(n)]
+    t = pa.table({"image_id": ids, "uri": [f"/d/{i}.jpg" for i in ids],
+                  "sha256": [f"{first + i:064x}" for i in range(n)], "ingest_config": ["q92"] * n,
+                  "phash": pa.array(np.arange(first, first + n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)),
+                  "width": pa.array(np.full(n, 512), pa.int32()), "height": pa.array(np.full(n, 512), pa.int32()),
+                  "aspect_bucket": ["1:1"] * n,
+                  "emb": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel().astype(np.float16)), DIM)})
+    if not with_vectors:
+        t = t.drop_columns(["emb"])
+    lance.write_dataset(t, uri, mode=mode, max_rows_per_file=1_000, enable_stable_row_ids=True,
+                        storage_options=storage_options)
+
+
+RECIPE = Recipe(name="r", dedup=Dedup(exact=True, embedding_threshold=0.95))
+
+
+def _cut(uri: str, root: DataRoot | None) -> Subset:
+    return select(lance.dataset(uri), RECIPE, embedding_column="emb",
+                  search_codes=search_codes(root, "emb") if root is not None else None)
+
+
+def _same(a: Subset, b: Subset) -> None:
+    assert a.image_ids == b.image_ids and a.dropped == b.dropped and a.content_hash == b.content_hash
+
+
+def test_kept_codes_give_the_same_subset_and_follow_the_data_files(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Codes are computed once per data file and read on later cuts; a new batch computes its own
+    file only; a column rewritten in place (the lab sync's ``update_columns``) gets a new data file,
+    so its codes are computed again and the old file's are deleted; deletions reuse what is kept.
+    Every cut equals one that reads every vector."""
+    import prx_assets.core.curate.selection as selection
+
+    monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
+    root = DataRoot(str(tmp_path / "data"))
+    uri = str(tmp_path / "lab.lance")
+    vecs, _ = spread_pairs(4_000, DIM, seed=7)
+    _lab(uri, vecs)
+
+    cold = _cut(uri, root)
+    _same(cold, _cut(uri, None))
+    assert cold.dropped["dedup_embedding"] > 300
+    assert cold.work["search_codes"] == {"kept": 0, "computed": 4, "rows_computed": 4_000, "pruned": 0}
+    warm = _cut(uri, root)
+    _same(warm, cold)
+    assert warm.work["search_codes"] == {"kept": 4, "computed": 0, "rows_computed": 0, "pruned": 0}
+
+    new = np.random.default_rng(8).standard_normal((300, DIM)).astype(np.float32)
+    new[1::2] = new[0::2] + 0.01 * new[1::2]  # near copies among the new rows
+    _lab(uri, new / np.linalg.norm(new, axis=1, keepdims=True), first=10**6, mode="append")
+    grown = _cut(uri, root)
+    _same(grown, _cut(uri, None))
+    assert grown.work["search_codes"] == {"kept": 4, "computed": 1, "rows_computed": 300, "pruned": 0}
+    assert grown.dropped["dedup_embedding"] >= cold.dropped["dedup_embedding"] + 140
+
+    # Rewrite fragment 2's vectors in place: every row a near copy of the row before it in fragment 1.
+    ds = lance.dataset(uri)
+    frag = ds.get_fragment(2)
+    rowids = frag.to_table(columns=["image_id"], with_row_id=True).column("_rowid")
+    moved = vecs[1_000:2_000] + 0.001 * vecs[2_000:3_000]
+    up = pa.table({"_rowid": rowids, "emb": pa.FixedSizeListArray.from_arrays(
+        pa.array(moved.ravel().astype(np.float16)), DIM)})
+    meta, fields = frag.update_columns(up)
+    lance.LanceDataset.commit(uri, lance.LanceOperation.Update(updated_fragments=[meta], fields_modified=fields),
+                              read_version=ds.version)
+    rewritten = _cut(uri, root)
+    _same(rewritten, _cut(uri, None))
+    assert rewritten.dropped["dedup_embedding"] > grown.dropped["dedup_embedding"] + 800  # stale codes would miss these
+    assert rewritten.work["search_codes"] == {"kept": 4, "computed": 1, "rows_computed": 1_000, "pruned": 1}
+
+    ds = lance.dataset(uri)
+    ds.delete("image_id < '000000000100'")
+    deleted = _cut(uri, root)
+    _same(deleted, _cut(uri, None))
+    assert deleted.work["search_codes"] == {"kept": 5, "computed": 0, "rows_computed": 0, "pruned": 0}
+
+    _lab(uri, vecs[:500], first=2 * 10**6, mode="append", with_vectors=False)  # no vectors yet: no codes
+    unsynced = _cut(uri, root)
+    _same(unsynced, _cut(uri, None))
+    assert unsynced.work["search_codes"] == {"kept": 5, "computed": 0, "rows_computed": 0, "pruned": 0}
+    assert unsynced.count == deleted.count + 500  # rows without a vector are never embedding duplicates
+
+    older = select(lance.dataset(uri, version=1), RECIPE, embedding_column="emb", search_codes=search_codes(root, "emb"))
+    assert older.work["search_codes"]["pruned"] == 0  # a cut of an older version deletes nothing
+    _same(older, cold)
+    assert _cut(uri, root).work["search_codes"]["pruned"] == 1  # the codes the older cut computed again
+
+    key = codes_key(np.zeros(0))  # any key: corrupt every kept file of the real one
+    kept = sorted((tmp_path / "data" / layout.search_codes_dir("emb")).rglob("*.npz"))
+    assert kept and all(p.parent.name != key for p in kept)
+    kept[0].write_bytes(b"not codes")
+    with pytest.raises(SearchCodesError, match=str(kept[0])):
+        _cut(uri, root)
+
+
+def test_small_cuts_compare_every_pair_and_keep_no_codes(tmp_path: Path) -> None:
+    """Below the exact method's size every pair is compared on the vectors: no codes are read or kept."""
+    root = DataRoot(str(tmp_path / "data"))
+    uri = str(tmp_path / "lab.lance")
+    vecs, _ = spread_pairs(500, DIM, seed=9)
+    _lab(uri, vecs)
+    sub = _cut(uri, root)
+    _same(sub, _cut(uri, None))
+    assert "search_codes" not in sub.work
+    assert not (tmp_path / "data" / layout.search_codes_dir("emb")).exists()
+
+
+def test_kept_codes_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lab and the kept codes on the moto S3 endpoint: kept, read back, deleted with their data file."""
+    import prx_assets.core.curate.selection as selection
+
+    monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
+    root = DataRoot(f"s3://{s3_env['BUCKET']}/data")
+    uri = root.join("lance/lab.lance")
+    vecs, _ = spread_pairs(2_000, DIM, seed=11)
+    _lab(uri, vecs, storage_options=root.storage_options())
+
+    def cut(codes: bool) -> Subset:
+        return select(lance.dataset(uri, storage_options=root.storage_options()), RECIPE, embedding_column="emb",
+                      search_codes=search_codes(root, "emb") if codes else None)
+
+    first = cut(True)
+    assert first.work["search_codes"] == {"kept": 0, "computed": 2, "rows_computed": 2_000, "pruned": 0}
+    assert len(root.list(layout.search_codes_dir("emb"))) == 2
+    again = cut(True)
+    assert again.work["search_codes"] == {"kept": 2, "computed": 0, "rows_computed": 0, "pruned": 0}
+    _same(first, again)
+    _same(first, cut(False))
+    ds = lance.dataset(uri, storage_options=root.storage_options())
+    ds.optimize.compact_files(target_rows_per_fragment=4_000)  # one new fragment, one new data file
+    compacted = cut(True)
+    assert compacted.work["search_codes"] == {"kept": 0, "computed": 1, "rows_computed": 2_000, "pruned": 2}
+    _same(compacted, first)
+    assert len(root.list(layout.search_codes_dir("emb"))) == 1
