@@ -26,6 +26,7 @@ import hashlib
 import io
 import zipfile
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import lance
@@ -41,6 +42,8 @@ from prx_assets.errors import PrxError
 CODES_VERSION = 1
 #: Rows of a fragment encoded at a time while its codes are computed.
 ENCODE_ROWS = 32_768
+#: Kept files read at once (an object store answers one request per file).
+READ_AHEAD = 8
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
 
 
@@ -169,8 +172,9 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
                      on_block: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]) -> None:
     """Call ``on_block(positions, ok, codes, scale)`` for the rows at ``addresses`` (row addresses of
     ``ds``; positions index ``addresses``), a fragment at a time: codes read from ``kept`` where it
-    holds the fragment's data file, else computed for the whole fragment (and kept). With ``kept`` at
-    the table's latest version, the codes of data files it no longer holds are deleted afterwards."""
+    holds the fragment's data file (up to :data:`READ_AHEAD` files read at once, as an object store
+    serves them best), else computed for the whole fragment (and kept). With ``kept`` at the table's
+    latest version, the codes of data files it no longer holds are deleted afterwards."""
     addresses = np.asarray(addresses, dtype=np.uint64)
     if not len(addresses):
         return
@@ -179,31 +183,45 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
     files = column_files(ds, column)
     frag_ids = (addresses >> np.uint64(32)).astype(np.int64)
     order = np.argsort(frag_ids, kind="stable")
-    sorted_frags = frag_ids[order]
-    bounds = np.flatnonzero(np.diff(sorted_frags)) + 1
+    groups = np.split(order, np.flatnonzero(np.diff(frag_ids[order])) + 1)
     stats = {"kept": 0, "computed": 0, "rows_computed": 0, "pruned": 0}
-    for positions in np.split(order, bounds):
-        fid = int(frag_ids[positions[0]])
+
+    def where(fid: int) -> tuple[str | None, int]:
         if fid in files:
-            data_file, rows = files[fid]
-        else:  # overlays: computed, never kept
-            data_file, rows = None, ds.get_fragment(fid).metadata.physical_rows
-        got = kept.load(key, data_file, rows, width) if kept is not None and data_file is not None else None
+            return files[fid]
+        return None, ds.get_fragment(fid).metadata.physical_rows  # overlays: computed, never kept
+
+    def load(fid: int) -> tuple[FragmentCodes | None, str]:
+        data_file, rows = where(fid)
         if fid in files and data_file is None:  # no file holds the column here: no usable vector
-            got = FragmentCodes.empty(rows, width)
-        elif got is None:
-            got = compute_fragment(ds, column, fid, rows, mapping)
-            stats["computed"] += 1
-            stats["rows_computed"] += rows
-            if kept is not None and data_file is not None:
-                kept.save(key, data_file, got)
-        else:
-            stats["kept"] += 1
-        offsets = (addresses[positions] & _OFFSET_MASK).astype(np.int64)
-        on_block(positions, got.ok[offsets], got.codes[offsets], got.scale[offsets])
+            return FragmentCodes.empty(rows, width), "null"
+        got = kept.load(key, data_file, rows, width) if kept is not None and data_file is not None else None
+        return got, "kept"
+
+    fids = [int(frag_ids[g[0]]) for g in groups]
+    with ThreadPoolExecutor(max_workers=READ_AHEAD) as pool:
+        ahead: list[Future[tuple[FragmentCodes | None, str]] | None] = [pool.submit(load, f)
+                                                                        for f in fids[:READ_AHEAD]]
+        for i, (fid, positions) in enumerate(zip(fids, groups, strict=True)):
+            future = ahead[i]
+            assert future is not None
+            got, how = future.result()
+            ahead[i] = None  # memory holds at most READ_AHEAD files read ahead
+            if i + READ_AHEAD < len(fids):
+                ahead.append(pool.submit(load, fids[i + READ_AHEAD]))
+            if got is None:
+                data_file, rows = where(fid)
+                got = compute_fragment(ds, column, fid, rows, mapping)
+                stats["computed"] += 1
+                stats["rows_computed"] += rows
+                if kept is not None and data_file is not None:
+                    kept.save(key, data_file, got)
+            elif how == "kept":
+                stats["kept"] += 1
+            offsets = (addresses[positions] & _OFFSET_MASK).astype(np.int64)
+            on_block(positions, got.ok[offsets], got.codes[offsets], got.scale[offsets])
     if kept is not None:
-        latest = ds.latest_version
-        if ds.version == latest:  # a cut of an older version deletes nothing
+        if ds.version == ds.latest_version:  # a cut of an older version deletes nothing
             live = {path.rsplit("/", 1)[-1].removesuffix(".lance") for path, _ in files.values() if path}
             stats["pruned"] = kept.prune(key, live)
         kept.stats = stats
