@@ -42,8 +42,10 @@ from prx_assets.errors import PrxError
 CODES_VERSION = 1
 #: Rows of a fragment encoded at a time while its codes are computed.
 ENCODE_ROWS = 32_768
-#: Kept files read at once (an object store answers one request per file).
+#: Kept files read ahead of use, at most (an object store answers one request per file) ...
 READ_AHEAD = 8
+#: ... and at most this many bytes of them (a compacted fragment of 1M rows keeps 133 MB of codes).
+READ_AHEAD_BYTES = 128 * 2**20
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
 
 
@@ -172,8 +174,8 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
                      on_block: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]) -> None:
     """Call ``on_block(positions, ok, codes, scale)`` for the rows at ``addresses`` (row addresses of
     ``ds``; positions index ``addresses``), a fragment at a time: codes read from ``kept`` where it
-    holds the fragment's data file (up to :data:`READ_AHEAD` files read at once, as an object store
-    serves them best), else computed for the whole fragment (and kept). With ``kept`` at the table's
+    holds the fragment's data file (up to :data:`READ_AHEAD` files and :data:`READ_AHEAD_BYTES` read
+    ahead, as an object store serves them best), else computed for the whole fragment (and kept). With ``kept`` at the table's
     latest version, the codes of data files it no longer holds are deleted afterwards."""
     addresses = np.asarray(addresses, dtype=np.uint64)
     if not len(addresses):
@@ -199,16 +201,18 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
         return got, "kept"
 
     fids = [int(frag_ids[g[0]]) for g in groups]
-    with ThreadPoolExecutor(max_workers=READ_AHEAD) as pool:
+    largest = max(where(f)[1] for f in fids) * (width + 5)  # codes, scale and flag per row
+    window = max(1, min(READ_AHEAD, READ_AHEAD_BYTES // max(1, largest)))
+    with ThreadPoolExecutor(max_workers=window) as pool:
         ahead: list[Future[tuple[FragmentCodes | None, str]] | None] = [pool.submit(load, f)
-                                                                        for f in fids[:READ_AHEAD]]
+                                                                        for f in fids[:window]]
         for i, (fid, positions) in enumerate(zip(fids, groups, strict=True)):
             future = ahead[i]
             assert future is not None
             got, how = future.result()
-            ahead[i] = None  # memory holds at most READ_AHEAD files read ahead
-            if i + READ_AHEAD < len(fids):
-                ahead.append(pool.submit(load, fids[i + READ_AHEAD]))
+            ahead[i] = None  # memory holds at most ``window`` files read ahead
+            if i + window < len(fids):
+                ahead.append(pool.submit(load, fids[i + window]))
             if got is None:
                 data_file, rows = where(fid)
                 got = compute_fragment(ds, column, fid, rows, mapping)
