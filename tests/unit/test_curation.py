@@ -273,8 +273,12 @@ def test_rules_per_scan_batch_match_the_row_by_row_definition(tmp_path: Path, mo
         assert sum(s.buckets.values()) == len(expected)
 
 
-def _vector_lab(uri: str, vecs: np.ndarray, first: int = 0, mode: str = "create") -> None:
-    """A lab-shaped table of ``vecs`` (one row each, distinct hashes, one bucket) written or appended."""
+def _vector_lab(uri: str, vecs: np.ndarray, first: int = 0, mode: str = "create", value_type: type = np.float32,
+                stable_row_ids: bool = False, storage_options: dict[str, str] | None = None,
+                with_vectors: bool = True) -> None:
+    """A lab-shaped table of ``vecs`` (one row each, distinct hashes, one bucket) written or appended,
+    1,000 rows a fragment (``with_vectors=False``: appended without the column, as a batch ingested
+    before its embeddings are synced, so no data file of its fragments holds it)."""
     n, dim = vecs.shape
     ids_ = [f"{first + i:012x}" for i in range(n)]
     t = pa.table({"image_id": ids_, "uri": [f"/d/{i}.jpg" for i in ids_],
@@ -282,8 +286,11 @@ def _vector_lab(uri: str, vecs: np.ndarray, first: int = 0, mode: str = "create"
                   "phash": pa.array(np.arange(first, first + n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)),
                   "width": pa.array(np.full(n, 512), pa.int32()), "height": pa.array(np.full(n, 512), pa.int32()),
                   "aspect_bucket": ["1:1"] * n,
-                  "emb": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel().astype(np.float32)), dim)})
-    lance.write_dataset(t, uri, mode=mode, max_rows_per_file=1_000)
+                  "emb": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel().astype(value_type)), dim)})
+    if not with_vectors:
+        t = t.drop_columns(["emb"])
+    lance.write_dataset(t, uri, mode=mode, max_rows_per_file=1_000, enable_stable_row_ids=stable_row_ids,
+                        storage_options=storage_options)
 
 
 def test_kept_search_models_leave_earlier_rows_as_they_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

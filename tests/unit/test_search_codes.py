@@ -2,6 +2,7 @@
 codes that follow the Lance data files, so a rewritten column is never read from stale codes."""
 
 from pathlib import Path
+from typing import Any
 
 import lance
 import numpy as np
@@ -13,28 +14,15 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.recipes import Dedup, Recipe
 from prx_assets.core.curate.search_codes import SearchCodesError, codes_key, search_codes
 from prx_assets.core.curate.selection import Subset, select
+from tests.unit.test_curation import _vector_lab
 from tests.unit.test_dedup import spread_pairs
 
 DIM = 64
 
 
-def _lab(uri: str, vecs: np.ndarray, first: int = 0, mode: str = "create",
-         storage_options: dict[str, str] | None = None, with_vectors: bool = True) -> None:
-    """A lab-shaped table (stable row ids, as the lab's) of ``vecs``, 1,000 rows a fragment (appended
-    ``with_vectors=False``: fragments no data file of which holds the column, as a batch ingested
-    before its embeddings are synced)."""
-    n = len(vecs)
-    ids = [f"{first + i:012x}" for i in range(n)]
-    t = pa.table({"image_id": ids, "uri": [f"/d/{i}.jpg" for i in ids],
-                  "sha256": [f"{first + i:064x}" for i in range(n)], "ingest_config": ["q92"] * n,
-                  "phash": pa.array(np.arange(first, first + n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)),
-                  "width": pa.array(np.full(n, 512), pa.int32()), "height": pa.array(np.full(n, 512), pa.int32()),
-                  "aspect_bucket": ["1:1"] * n,
-                  "emb": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel().astype(np.float16)), DIM)})
-    if not with_vectors:
-        t = t.drop_columns(["emb"])
-    lance.write_dataset(t, uri, mode=mode, max_rows_per_file=1_000, enable_stable_row_ids=True,
-                        storage_options=storage_options)
+def _lab(uri: str, vecs: np.ndarray, first: int = 0, mode: str = "create", **kw: Any) -> None:
+    """A lab-shaped table of half-float vectors with stable row ids, as the lab's (see :func:`_vector_lab`)."""
+    _vector_lab(uri, vecs, first, mode, value_type=np.float16, stable_row_ids=True, **kw)
 
 
 RECIPE = Recipe(name="r", dedup=Dedup(exact=True, embedding_threshold=0.95))
