@@ -139,10 +139,13 @@ def search_model(recipe: str, key: str, generation: int) -> str:
     return f"{CURATED_DIR}/{recipe}/_search/{key}-g{generation:02d}.npz"
 
 
+#: Embedding dedup's kept search codes, one folder per lab column (see :mod:`prx_assets.core.curate.search_codes`).
+SEARCH_CODES_DIR = f"{CURATED_DIR}/_codes"
+
+
 def search_codes_dir(column: str) -> str:
-    """Embedding dedup's kept search codes of one lab column, shared by every recipe (see
-    :mod:`prx_assets.core.curate.search_codes`)."""
-    return f"{CURATED_DIR}/_codes/{column}"
+    """Embedding dedup's kept search codes of one lab column, shared by every recipe."""
+    return f"{SEARCH_CODES_DIR}/{column}"
 
 
 def search_codes(column: str, key: str, data_file: str) -> str:

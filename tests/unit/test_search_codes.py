@@ -98,6 +98,10 @@ def test_kept_codes_give_the_same_subset_and_follow_the_data_files(tmp_path: Pat
     assert older.work["search_codes"]["pruned"] == 0  # a cut of an older version deletes nothing
     _same(older, cold)
     assert _cut(uri, root).work["search_codes"]["pruned"] == 1  # the codes the older cut computed again
+    gone = tmp_path / "data" / layout.search_codes_dir("emb_of_a_dropped_embedder") / "k" / "f.npz"
+    gone.parent.mkdir(parents=True)
+    gone.write_bytes(b"codes of a column the lab no longer has")
+    assert _cut(uri, root).work["search_codes"]["pruned"] == 1 and not gone.exists()
 
     key = codes_key(np.zeros(0))  # any key: corrupt every kept file of the real one
     kept = sorted((tmp_path / "data" / layout.search_codes_dir("emb")).rglob("*.npz"))

@@ -16,8 +16,8 @@ indexed by each row's offset in its fragment; the key hashes the map's own value
 fragment and offset from its row address and reads the kept codes of the fragments it touches,
 computing only those of data files it has not seen (new batches, rewritten columns, compacted
 fragments). Every recipe shares them. A cut of the table's latest version deletes the codes of
-data files that version no longer holds (a cut of an older version deletes nothing, and one whose
-codes were deleted computes them again). A kept file that cannot be read is an error naming it.
+data files that version no longer holds, and those of lab columns it no longer has (a cut of an
+older version deletes nothing, and one whose codes were deleted computes them again). A kept file that cannot be read is an error naming it.
 """
 
 from __future__ import annotations
@@ -129,13 +129,19 @@ class SearchCodes:
         """Keep ``codes`` for ``data_file`` (whole-file writes: a reader sees all of it or none)."""
         self.root.write_bytes(self.rel(key, data_file), codes.to_bytes())
 
-    def prune(self, key: str, live: set[str]) -> int:
-        """Delete the kept codes (of every key) whose data file is not in ``live``; how many."""
+    def prune(self, key: str, live: set[str], columns: set[str]) -> int:
+        """Delete the kept codes of this column whose key is not ``key`` or whose data file is not in
+        ``live``, and all kept codes of columns not in ``columns`` (an embedder's column dropped from
+        the lab); how many files."""
         gone = 0
+        stale = [c for c in self.root.folders(layout.SEARCH_CODES_DIR) if c not in columns and c != self.column]
+        for rel in [r for c in stale for r in self.root.list(layout.search_codes_dir(c))]:
+            self.root.delete(rel)  # absent already (another cut pruned it): nothing happens
+            gone += 1
         for rel in self.root.list(layout.search_codes_dir(self.column)):
             folder, _, name = rel.rpartition("/")
             if name.endswith(".npz") and (folder.rpartition("/")[2] != key or name.removesuffix(".npz") not in live):
-                self.root.delete(rel)  # absent already (another cut pruned it): nothing happens
+                self.root.delete(rel)
                 gone += 1
         return gone
 
@@ -227,7 +233,7 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
     if kept is not None:
         if ds.version == ds.latest_version:  # a cut of an older version deletes nothing
             live = {path.rsplit("/", 1)[-1].removesuffix(".lance") for path, _ in files.values() if path}
-            stats["pruned"] = kept.prune(key, live)
+            stats["pruned"] = kept.prune(key, live, set(ds.schema.names))
         kept.stats = stats
 
 
