@@ -12,6 +12,7 @@ mosaicml-streaming (:class:`ObjectStoreSettings`).
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from typing import Any
 
 from prx_assets.core.config.stores import SCHEMES, split_object_uri, store_for
 from prx_assets.errors import StorageError
+
+#: Guards the first use of a root's store client from threads (search codes read ahead on several).
+_STORE_LOCK = threading.Lock()
 
 
 def is_remote(uri: str) -> bool:
@@ -173,7 +177,9 @@ class DataRoot:
 
     def _store(self) -> Any:
         if self._client is None:
-            self._client = store_for(self.uri, self.settings)
+            with _STORE_LOCK:  # boto3 makes clients from its default session, which threads must not share
+                if self._client is None:
+                    self._client = store_for(self.uri, self.settings)
         return self._client
 
     def read_bytes(self, rel: str) -> bytes:

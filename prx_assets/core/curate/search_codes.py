@@ -181,8 +181,9 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
     """Call ``on_block(positions, ok, codes, scale)`` for the rows at ``addresses`` (row addresses of
     ``ds``; positions index ``addresses``), a fragment at a time: codes read from ``kept`` where it
     holds the fragment's data file (up to :data:`READ_AHEAD` files and :data:`READ_AHEAD_BYTES` read
-    ahead, as an object store serves them best), else computed for the whole fragment (and kept). With ``kept`` at the table's
-    latest version, the codes of data files it no longer holds are deleted afterwards."""
+    ahead, as an object store serves them best), else computed for the whole fragment (and kept).
+    With ``kept`` at the table's latest version, the codes of data files and columns it no longer
+    holds are deleted afterwards."""
     addresses = np.asarray(addresses, dtype=np.uint64)
     if not len(addresses):
         return
