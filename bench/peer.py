@@ -311,9 +311,8 @@ def _peak_mb(args: tuple[int, int]) -> float:
 #: Draws of the q92 sample the estimate is measured on: ingest's own (the image ids' hash) and
 #: others drawn the same way from salted ids. The tiles' error is set by whether they land where the
 #: cycles' loss concentrates, so one draw's figure says little about the next one's (with 3 draws
-#: the worst of them swung from 0.22 to 0.43 dB between two sets of draws).
-#: Draws of the sample the estimate is measured on (the worst of 10 draws swung between 0.52 and 1.29 dB
-#: for the one-phase estimate, depending on which 10).
+#: the worst of them swung from 0.22 to 0.43 dB between two sets of draws, and the worst of 10 draws
+#: between 0.52 and 1.29 dB for the one-phase estimate, depending on which 10).
 ESTIMATE_DRAWS = 40
 
 

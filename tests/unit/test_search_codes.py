@@ -103,7 +103,7 @@ def test_kept_codes_give_the_same_subset_and_follow_the_data_files(tmp_path: Pat
     gone.write_bytes(b"codes of a column the lab no longer has")
     assert _cut(uri, root).work["search_codes"]["pruned"] == 1 and not gone.exists()
 
-    key = codes_key(np.zeros(0))  # any key: corrupt every kept file of the real one
+    key = codes_key(np.zeros(0))  # another map's key: no kept file is filed under it
     kept = sorted((tmp_path / "data" / layout.search_codes_dir("emb")).rglob("*.npz"))
     assert kept and all(p.parent.name != key for p in kept)
     kept[0].write_bytes(b"not codes")
