@@ -155,3 +155,13 @@ def search_codes(column: str, key: str, data_file: str) -> str:
     'curated/_codes/emb__e_1/ab12/0101f3.npz'
     """
     return f"{search_codes_dir(column)}/{key}/{data_file}.npz"
+
+
+def search_cells(column: str, key: str, data_file: str, model_id: str, table: int) -> str:
+    """The kept multi-index cells of one Lance data file's codes (:func:`search_codes`) in table ``table``
+    of the search model ``model_id``, beside the codes (a file of them goes when its data file goes).
+
+    >>> search_cells("emb__e_1", "ab12", "0101f3", "9c0e1d2f3a4b", 1)
+    'curated/_codes/emb__e_1/ab12/0101f3.cells-9c0e1d2f3a4b-1.npy'
+    """
+    return f"{search_codes_dir(column)}/{key}/{data_file}.cells-{model_id}-{table}.npy"

@@ -11,6 +11,7 @@ import pytest
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.multi_index import SearchModels
 from prx_assets.core.curate.recipes import Dedup, Recipe
 from prx_assets.core.curate.search_codes import SearchCodesError, codes_key, search_codes
 from prx_assets.core.curate.selection import Subset, select
@@ -28,8 +29,8 @@ def _lab(uri: str, vecs: np.ndarray, first: int = 0, mode: str = "create", **kw:
 RECIPE = Recipe(name="r", dedup=Dedup(exact=True, embedding_threshold=0.95))
 
 
-def _cut(uri: str, root: DataRoot | None) -> Subset:
-    return select(lance.dataset(uri), RECIPE, embedding_column="emb",
+def _cut(uri: str, root: DataRoot | None, models: SearchModels | None = None) -> Subset:
+    return select(lance.dataset(uri), RECIPE, embedding_column="emb", search_models=models,
                   search_codes=search_codes(root, "emb") if root is not None else None)
 
 
@@ -125,7 +126,8 @@ def test_small_cuts_compare_every_pair_and_keep_no_codes(tmp_path: Path) -> None
 
 def test_kept_codes_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lab and the kept codes on the moto S3 endpoint: kept, read back, deleted with their data file."""
+    """The lab and the kept codes and cells on the moto S3 endpoint: kept, read back, deleted with
+    their data file."""
     import prx_assets.core.curate.selection as selection
 
     monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
@@ -133,21 +135,72 @@ def test_kept_codes_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str],
     uri = root.join("lance/lab.lance")
     vecs, _ = spread_pairs(2_000, DIM, seed=11)
     _lab(uri, vecs, storage_options=root.storage_options())
+    models = SearchModels.in_memory()
 
     def cut(codes: bool) -> Subset:
         return select(lance.dataset(uri, storage_options=root.storage_options()), RECIPE, embedding_column="emb",
-                      search_codes=search_codes(root, "emb") if codes else None)
+                      search_codes=search_codes(root, "emb") if codes else None, search_models=models)
 
     first = cut(True)
-    assert first.work["search_codes"] == {"kept": 0, "computed": 2, "rows_computed": 2_000, "pruned": 0}
-    assert len(root.list(layout.search_codes_dir("emb"))) == 2
+    assert first.work["search_codes"] == {"kept": 0, "computed": 2, "rows_computed": 2_000, "pruned": 0,
+                                          "cells_computed": 4}
+    assert len(root.list(layout.search_codes_dir("emb"))) == 2 + 4  # codes, and cells in 2 tables
     again = cut(True)
-    assert again.work["search_codes"] == {"kept": 2, "computed": 0, "rows_computed": 0, "pruned": 0}
+    assert again.work["search_codes"] == {"kept": 2, "computed": 0, "rows_computed": 0, "pruned": 0, "cells_kept": 4}
     _same(first, again)
     _same(first, cut(False))
     ds = lance.dataset(uri, storage_options=root.storage_options())
     ds.optimize.compact_files(target_rows_per_fragment=4_000)  # one new fragment, one new data file
     compacted = cut(True)
-    assert compacted.work["search_codes"] == {"kept": 0, "computed": 1, "rows_computed": 2_000, "pruned": 2}
+    assert compacted.work["search_codes"] == {"kept": 0, "computed": 1, "rows_computed": 2_000, "pruned": 6,
+                                              "cells_computed": 2}
     _same(compacted, first)
-    assert len(root.list(layout.search_codes_dir("emb"))) == 1
+    assert len(root.list(layout.search_codes_dir("emb"))) == 1 + 2
+
+
+def test_kept_cells_give_the_same_pairs_and_follow_the_data_files(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a kept search model, each row's cells in its tables are kept beside its codes: computed
+    once per data file and table, read on later cuts, computed for a new batch's file only, and
+    deleted with their data file. Every cut equals one that files every row again under the same model."""
+    import prx_assets.core.curate.selection as selection
+
+    monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
+    root = DataRoot(str(tmp_path / "data"))
+    uri = str(tmp_path / "lab.lance")
+    vecs, _ = spread_pairs(3_000, DIM, seed=7)  # + 300 rows stay in its size generation
+    _lab(uri, vecs)
+    models = SearchModels.in_memory()
+
+    def cells(sub: Subset) -> tuple[int, int]:
+        return sub.work["search_codes"].get("cells_kept", 0), sub.work["search_codes"].get("cells_computed", 0)
+
+    cold = _cut(uri, root, models)
+    assert models.trained and cells(cold) == (0, 6)  # 3 data files x 2 tables
+    _same(cold, _cut(uri, None, models))
+    assert cold.dropped["dedup_embedding"] > 200
+    folder = tmp_path / "data" / layout.search_codes_dir("emb")
+    assert len(list(folder.rglob("*.cells-*.npy"))) == 6
+    warm = _cut(uri, root, models)
+    _same(warm, cold)
+    assert cells(warm) == (6, 0)
+
+    new = np.random.default_rng(8).standard_normal((300, DIM)).astype(np.float32)
+    new[1::2] = new[0::2] + 0.01 * new[1::2]
+    _lab(uri, new / np.linalg.norm(new, axis=1, keepdims=True), first=10**6, mode="append")
+    grown = _cut(uri, root, models)
+    assert cells(grown) == (6, 2)  # only the new batch's file is filed
+    _same(grown, _cut(uri, None, models))
+    assert grown.dropped["dedup_embedding"] >= cold.dropped["dedup_embedding"] + 140
+
+    ds = lance.dataset(uri)
+    ds.optimize.compact_files(target_rows_per_fragment=10_000)  # one new data file: its cells computed
+    compacted = _cut(uri, root, models)
+    assert cells(compacted) == (0, 2) and compacted.work["search_codes"]["pruned"] == 4 * 3  # codes + 2 cells each
+    _same(compacted, grown)
+    assert len(list(folder.rglob("*.cells-*.npy"))) == 2
+
+    kept = sorted(folder.rglob("*.cells-*.npy"))[0]
+    kept.write_bytes(b"not cells")
+    with pytest.raises(SearchCodesError, match=str(kept)):
+        _cut(uri, root, models)

@@ -24,12 +24,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
 from prx_assets.core.curate.multi_index import (
     ASSIGN_CHUNK,
     CODE_MARGIN,
+    SearchModel,
     SearchModels,
     encode_rows,
     multi_index_pairs,
@@ -352,7 +354,9 @@ def encode_for_search(block: np.ndarray, mapping: np.ndarray) -> tuple[np.ndarra
 
 def projected_pairs(codes: np.ndarray, scale: np.ndarray, ok: np.ndarray, threshold: float, dim: int,
                     fetch: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator,
-                    verify_rows: int = 65_536, models: SearchModels | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    verify_rows: int = 65_536, models: SearchModels | None = None,
+                    cells: Callable[[SearchModel, str, int], np.ndarray] | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(i, j)``, ``j < i``, of rows whose cosine is >= ``threshold``, for vectors too many
     to hold: ``codes``/``scale`` hold the usable rows' encodings (:func:`encode_for_search` with
     :func:`search_map` drawn first from ``rng``) in row order, ``ok`` says which of the ``dim``-d
@@ -360,12 +364,18 @@ def projected_pairs(codes: np.ndarray, scale: np.ndarray, ok: np.ndarray, thresh
     from the inverted multi-index (:mod:`prx_assets.core.curate.multi_index`) and are checked on
     the full vectors, fetched ``verify_rows`` at a time, so memory holds the codes (about 132 bytes
     a row) and one block, never every full vector. With ``models`` the multi-index's trained part is
-    the kept one of the rows' size generation (trained from ``rng`` and kept when there is none)."""
+    the kept one of the rows' size generation (trained from ``rng`` and kept when there is none), and
+    ``cells(model, model_id, t)`` may give the rows' cells in its table ``t`` where they are kept
+    (:func:`~prx_assets.core.curate.multi_index.cell_probes`; ``model_id`` names the kept model)."""
     valid = np.flatnonzero(ok)
     if len(valid) < 2:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     model = models.model_for(codes, scale, rng) if models is not None else None
-    pairs = multi_index_pairs(codes, scale, candidate_threshold(threshold, dim), rng, model=model)
+    kept_cells = None
+    if model is not None and cells is not None and models is not None and models.last is not None:
+        model_id = str(models.last["model_id"])
+        kept_cells = partial(cells, model, model_id)
+    pairs = multi_index_pairs(codes, scale, candidate_threshold(threshold, dim), rng, model=model, cells=kept_cells)
     keep = np.zeros(len(pairs), dtype=bool)
     step = max(1, verify_rows // 2)
     for a in range(0, len(pairs), step):  # each block fetches at most ``verify_rows`` full vectors

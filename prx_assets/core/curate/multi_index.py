@@ -6,11 +6,12 @@ tables rotates the vectors at random, splits them into two halves and files ever
 the pair of its halves' nearest k-means centroids (``k`` per half, ``k * k`` cells of about
 ``CELL_ROWS`` rows: the inverted multi-index of Babenko and Lempitsky, the structure
 billion-scale vector indexes use for fine cells). A row is compared with the rows of its
-``probes * probes`` nearest cells (by the sum of its halves' distances) and every pair is kept
+``probes`` nearest cells (by the sum of its halves' distances, among the combinations of the
+nearest ``ceil(sqrt(probes))`` centroids of each half) and every pair is kept
 whichever row reached the other's cell, so a pair is found when either row's probes reach the
 other's cell in any table.
 
-The work grows with ``n`` times ``tables * probes**2 * CELL_ROWS`` (cells stay the same size
+The work grows with ``n`` times ``tables * probes * CELL_ROWS`` (cells stay the same size
 as ``n`` grows), not with ``n**1.5`` as a flat inverted file does, and memory holds the codes,
 one table's cell lists and a block of products. Recall is measured, not guaranteed: on isotropic
 vectors with pairs spread evenly between cosine 0.95 and 1.0 (the hardest case: no cluster
@@ -33,6 +34,7 @@ import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -41,7 +43,7 @@ from prx_assets.errors import PrxError
 
 #: Rows a cell holds on average (``k = sqrt(n / CELL_ROWS)`` centroids per half).
 CELL_ROWS = 128
-#: Nearest centroids per half a row probes (``probes**2`` cells).
+#: Cells a row probes in each table, its home included (from the nearest ``ceil(sqrt(PROBES))`` centroids of each half).
 PROBES = 9
 #: Independent tables (rotations); a pair missed by one is usually found by another.
 TABLES = 2
@@ -165,14 +167,26 @@ def _packed_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, packed.view(np.int64)
 
 
-def _cell_probes(codes: np.ndarray, scale: np.ndarray, table: TableModel, probes: int) -> np.ndarray:
+def _per_half(table: TableModel, probes: int) -> int:
+    """Nearest centroids per half a row of ``table`` looks at: enough for ``probes`` combinations."""
+    return min(math.isqrt(probes - 1) + 1, len(table.first))
+
+
+def probe_width(table: TableModel, probes: int = PROBES) -> int:
+    """How many cells of ``table`` each row probes (its home included): :func:`cell_probes`' columns."""
+    return min(probes, _per_half(table, probes) ** 2)
+
+
+def cell_probes(codes: np.ndarray, scale: np.ndarray, table: TableModel, probes: int = PROBES) -> np.ndarray:
     """Each row's ``probes`` nearest cells of one table, nearest first (column 0: its home), from
-    the nearest ``ceil(sqrt(probes))`` centroids of each half. A row's cells depend on it alone."""
+    the nearest ``ceil(sqrt(probes))`` centroids of each half, as an ``n x probe_width`` int32 array.
+    A row's cells depend on it alone (and the table), so they can be computed in any blocks of rows
+    and kept (:mod:`prx_assets.core.curate.search_codes`)."""
     n, dim = codes.shape
     half = dim // 2
     k = len(table.first)
-    p = min(math.isqrt(probes - 1) + 1, k)  # per half: enough for ``probes`` combinations
-    probes = min(probes, p * p)
+    p = _per_half(table, probes)
+    probes = probe_width(table, probes)
     cells = np.empty((n, probes), dtype=np.int32)
     for a in range(0, n, ASSIGN_CHUNK):
         x = row_products(decode_rows(codes[a:a + ASSIGN_CHUNK], scale[a:a + ASSIGN_CHUNK]), table.rotation)
@@ -186,9 +200,14 @@ def _cell_probes(codes: np.ndarray, scale: np.ndarray, table: TableModel, probes
 
 
 def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: TableModel,
-                 probes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs ``(i, j)``, ``i > j``, with decoded cosine >= ``threshold`` found by one table."""
-    cells = _cell_probes(codes, scale, table, probes)
+                 probes: int, kept: Callable[[], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(i, j)``, ``i > j``, with decoded cosine >= ``threshold`` found by one table;
+    ``kept()`` gives the rows' :func:`cell_probes` when they are kept (called here, so that they
+    are freed once filed, as computed ones are)."""
+    cells = cell_probes(codes, scale, table, probes) if kept is None else kept()
+    if cells.shape != (len(codes), probe_width(table, probes)):
+        raise SearchModelError(f"cells given for {cells.shape[0]} rows x {cells.shape[1]} probes, the table "
+                               f"needs {len(codes)} x {probe_width(table, probes)}")
     n_cells = len(table.first) * len(table.second)
     home_rows, home_keys = _packed_order(cells[:, 0])
     home_at = np.searchsorted(home_keys, np.arange(n_cells + 1))
@@ -363,19 +382,23 @@ class SearchModels:
 
 def multi_index_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, rng: np.random.Generator,
                       tables: int = TABLES, probes: int = PROBES, cell_rows: int = CELL_ROWS,
-                      model: SearchModel | None = None) -> np.ndarray:
+                      model: SearchModel | None = None,
+                      cells: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
     """Unique pairs ``(i, j)``, ``i > j``, of rows whose decoded cosine is >= ``threshold``, found
     through ``tables`` inverted multi-indexes (see module docs), as an ``m x 2`` array sorted by row.
 
     ``codes``/``scale`` come from :func:`encode_rows`. With ``model`` (a kept :class:`SearchModel`)
     nothing is drawn from ``rng``; without one it is trained from ``rng`` (rotations, k-means
-    samples), so the same rows and seed give the same pairs."""
+    samples), so the same rows and seed give the same pairs. ``cells(t)``, with ``model``, gives the
+    rows' :func:`cell_probes` in table ``t`` when they are kept (the same pairs, without computing them)."""
     n, dim = codes.shape
     if n < 2 or dim < 2:
         return np.zeros((0, 2), np.int64)
+    model_given = model is not None
     if model is None:
         model = train_model(codes, scale, rng, tables, cell_rows)
-    found = [_table_pairs(codes, scale, threshold, table, probes) for table in model.tables]
+    found = [_table_pairs(codes, scale, threshold, table, probes, partial(cells, t) if cells is not None and model_given
+                          else None) for t, table in enumerate(model.tables)]
     packed = np.unique(np.concatenate([(i.astype(np.uint64) << np.uint64(32)) | j.astype(np.uint64)
                                        for i, j in found]))
     return np.stack([(packed >> np.uint64(32)).astype(np.int64), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)],

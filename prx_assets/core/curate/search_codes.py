@@ -18,16 +18,24 @@ computing only those of data files it has not seen (new batches, rewritten colum
 fragments). Every recipe shares them. A cut of the table's latest version deletes the codes of
 data files that version no longer holds, and those of lab columns it no longer has (a cut of an
 older version deletes nothing, and one whose codes were deleted computes them again). A kept file that cannot be read is an error naming it.
+
+The multi-index then files every row under its nearest cells in each table of the recipe's search
+model (:func:`~prx_assets.core.curate.multi_index.cell_probes`: a function of the row's code and
+the model alone, 36 bytes a row and table). Those are kept the same way, beside the codes, per data
+file, model and table (:func:`layout.search_cells`), so a cut after a new batch files only the new
+batch's rows; they go with their data file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import re
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import lance
 import numpy as np
@@ -35,6 +43,7 @@ import numpy as np
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.dedup import encode_for_search
+from prx_assets.core.curate.multi_index import SearchModel, cell_probes, probe_width
 from prx_assets.core.lab.changes import vector_matrix
 from prx_assets.errors import PrxError
 
@@ -47,6 +56,7 @@ READ_AHEAD = 8
 #: ... and at most this many bytes of them (a compacted fragment of 1M rows keeps 133 MB of codes).
 READ_AHEAD_BYTES = 128 * 2**20
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
+T = TypeVar("T")
 
 
 class SearchCodesError(PrxError):
@@ -114,7 +124,7 @@ class SearchCodes:
 
     def rel(self, key: str, data_file: str) -> str:
         """Where the codes of ``data_file`` (a Lance data file's name) are kept."""
-        return layout.search_codes(self.column, key, data_file.rsplit("/", 1)[-1].removesuffix(".lance"))
+        return layout.search_codes(self.column, key, _stem(data_file))
 
     def load(self, key: str, data_file: str, rows: int, width: int) -> FragmentCodes | None:
         """The kept codes of ``data_file``, or ``None`` when there are none."""
@@ -129,10 +139,42 @@ class SearchCodes:
         """Keep ``codes`` for ``data_file`` (whole-file writes: a reader sees all of it or none)."""
         self.root.write_bytes(self.rel(key, data_file), codes.to_bytes())
 
+    def rel_cells(self, key: str, data_file: str, model_id: str, table: int) -> str:
+        """Where the cells of ``data_file``'s rows in table ``table`` of model ``model_id`` are kept."""
+        return layout.search_cells(self.column, key, _stem(data_file), model_id, table)
+
+    def load_cells(self, key: str, data_file: str, model_id: str, table: int, rows: int,
+                   width: int, n_cells: int) -> np.ndarray | None:
+        """The kept cells (``rows x width`` int32 by row offset, -1 for a row without a code) of
+        ``data_file`` in a model's table of ``n_cells`` cells, or ``None`` when there are none."""
+        rel = self.rel_cells(key, data_file, model_id, table)
+        try:
+            data = self.root.read_bytes(rel)
+        except FileNotFoundError:
+            return None
+        where = self.root.join(rel)
+        try:
+            cells = np.load(io.BytesIO(data), allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise SearchCodesError(f"kept search cells {where} cannot be read ({e}); delete the file and the "
+                                   "next cut computes them again") from None
+        if cells.shape != (rows, width) or cells.dtype != np.int32 or (len(cells) and (
+                int(cells.min()) < -1 or int(cells.max()) >= n_cells)):
+            raise SearchCodesError(f"kept search cells {where} hold {cells.shape} {cells.dtype} values, not "
+                                   f"({rows}, {width}) int32 cells below {n_cells} for its fragment; delete the "
+                                   "file and the next cut computes them again")
+        return cells
+
+    def save_cells(self, key: str, data_file: str, model_id: str, table: int, cells: np.ndarray) -> None:
+        """Keep ``cells`` (see :meth:`load_cells`) for ``data_file`` in a model's table."""
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(cells, dtype=np.int32), allow_pickle=False)
+        self.root.write_bytes(self.rel_cells(key, data_file, model_id, table), buf.getvalue())
+
     def prune(self, key: str, live: set[str], columns: set[str]) -> int:
-        """Delete the kept codes of this column whose key is not ``key`` or whose data file is not in
-        ``live``, and all kept codes of columns not in ``columns`` (an embedder's column dropped from
-        the lab); how many files."""
+        """Delete the kept codes and cells of this column whose key is not ``key`` or whose data file
+        is not in ``live``, and all kept files of columns not in ``columns`` (an embedder's column
+        dropped from the lab); how many files."""
         gone = 0
         stale = [c for c in self.root.folders(layout.SEARCH_CODES_DIR) if c not in columns and c != self.column]
         for rel in [r for c in stale for r in self.root.list(layout.search_codes_dir(c))]:
@@ -140,10 +182,23 @@ class SearchCodes:
             gone += 1
         for rel in self.root.list(layout.search_codes_dir(self.column)):
             folder, _, name = rel.rpartition("/")
-            if name.endswith(".npz") and (folder.rpartition("/")[2] != key or name.removesuffix(".npz") not in live):
+            if name.endswith((".npz", ".npy")) and (folder.rpartition("/")[2] != key or _stem(name) not in live):
                 self.root.delete(rel)
                 gone += 1
         return gone
+
+
+_CELLS_SUFFIX = re.compile(r"\.cells-\w+-\d+\.npy$")
+
+
+def _stem(name: str) -> str:
+    """A data file's name (as Lance names it, or a kept file's name) less its folder and suffixes.
+
+    >>> _stem("data/0101f3.lance"), _stem("0101f3.npz"), _stem("a/0101f3.cells-9c0e1d2f3a4b-1.npy")
+    ('0101f3', '0101f3', '0101f3')
+    """
+    base = name.rsplit("/", 1)[-1].removesuffix(".lance").removesuffix(".npz")
+    return _CELLS_SUFFIX.sub("", base)
 
 
 def column_files(ds: lance.LanceDataset, column: str) -> dict[int, tuple[str | None, int]]:
@@ -175,6 +230,34 @@ def compute_fragment(ds: lance.LanceDataset, column: str, fragment_id: int, rows
     return out
 
 
+def _fragment_groups(addresses: np.ndarray) -> tuple[list[int], list[np.ndarray]]:
+    """The fragment ids of ``addresses`` (row addresses) and, per fragment, the positions of its rows."""
+    frag_ids = (addresses >> np.uint64(32)).astype(np.int64)
+    order = np.argsort(frag_ids, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(frag_ids[order])) + 1)
+    return [int(frag_ids[g[0]]) for g in groups], groups
+
+
+def _read_ahead(fids: list[int], load: Callable[[int], T], window: int) -> Iterator[T]:
+    """``load(fid)`` for each fragment in order, up to ``window`` of them read ahead on threads (what
+    an object store serves best); memory holds at most ``window`` results not yet taken."""
+    with ThreadPoolExecutor(max_workers=window) as pool:
+        ahead: list[Future[T] | None] = [pool.submit(load, f) for f in fids[:window]]
+        for i in range(len(fids)):
+            future = ahead[i]
+            assert future is not None
+            got = future.result()
+            ahead[i] = None
+            if i + window < len(fids):
+                ahead.append(pool.submit(load, fids[i + window]))
+            yield got
+
+
+def _window(largest_bytes: int) -> int:
+    """Files read ahead when the largest is ``largest_bytes``: :data:`READ_AHEAD`, fewer for large files."""
+    return max(1, min(READ_AHEAD, READ_AHEAD_BYTES // max(1, largest_bytes)))
+
+
 def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray, mapping: np.ndarray,
                      kept: SearchCodes | None,
                      on_block: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]) -> None:
@@ -182,17 +265,15 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
     ``ds``; positions index ``addresses``), a fragment at a time: codes read from ``kept`` where it
     holds the fragment's data file (up to :data:`READ_AHEAD` files and :data:`READ_AHEAD_BYTES` read
     ahead, as an object store serves them best), else computed for the whole fragment (and kept).
-    With ``kept`` at the table's latest version, the codes of data files and columns it no longer
-    holds are deleted afterwards."""
+    With ``kept`` at the table's latest version, the codes and cells of data files and columns it
+    no longer holds are deleted afterwards."""
     addresses = np.asarray(addresses, dtype=np.uint64)
     if not len(addresses):
         return
     key = codes_key(mapping)
     width = mapping.shape[1]
     files = column_files(ds, column)
-    frag_ids = (addresses >> np.uint64(32)).astype(np.int64)
-    order = np.argsort(frag_ids, kind="stable")
-    groups = np.split(order, np.flatnonzero(np.diff(frag_ids[order])) + 1)
+    fids, groups = _fragment_groups(addresses)
     stats = {"kept": 0, "computed": 0, "rows_computed": 0, "pruned": 0}
 
     def where(fid: int) -> tuple[str | None, int]:
@@ -207,35 +288,75 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
         got = kept.load(key, data_file, rows, width) if kept is not None and data_file is not None else None
         return got, "kept"
 
-    fids = [int(frag_ids[g[0]]) for g in groups]
-    largest = max(where(f)[1] for f in fids) * (width + 5)  # codes, scale and flag per row
-    window = max(1, min(READ_AHEAD, READ_AHEAD_BYTES // max(1, largest)))
-    with ThreadPoolExecutor(max_workers=window) as pool:
-        ahead: list[Future[tuple[FragmentCodes | None, str]] | None] = [pool.submit(load, f)
-                                                                        for f in fids[:window]]
-        for i, (fid, positions) in enumerate(zip(fids, groups, strict=True)):
-            future = ahead[i]
-            assert future is not None
-            got, how = future.result()
-            ahead[i] = None  # memory holds at most ``window`` files read ahead
-            if i + window < len(fids):
-                ahead.append(pool.submit(load, fids[i + window]))
-            if got is None:
-                data_file, rows = where(fid)
-                got = compute_fragment(ds, column, fid, rows, mapping)
-                stats["computed"] += 1
-                stats["rows_computed"] += rows
-                if kept is not None and data_file is not None:
-                    kept.save(key, data_file, got)
-            elif how == "kept":
-                stats["kept"] += 1
-            offsets = (addresses[positions] & _OFFSET_MASK).astype(np.int64)
-            on_block(positions, got.ok[offsets], got.codes[offsets], got.scale[offsets])
+    window = _window(max(where(f)[1] for f in fids) * (width + 5))  # codes, scale and flag per row
+    for fid, positions, (got, how) in zip(fids, groups, _read_ahead(fids, load, window), strict=True):
+        if got is None:
+            data_file, rows = where(fid)
+            got = compute_fragment(ds, column, fid, rows, mapping)
+            stats["computed"] += 1
+            stats["rows_computed"] += rows
+            if kept is not None and data_file is not None:
+                kept.save(key, data_file, got)
+        elif how == "kept":
+            stats["kept"] += 1
+        offsets = (addresses[positions] & _OFFSET_MASK).astype(np.int64)
+        on_block(positions, got.ok[offsets], got.codes[offsets], got.scale[offsets])
     if kept is not None:
         if ds.version == ds.latest_version:  # a cut of an older version deletes nothing
-            live = {path.rsplit("/", 1)[-1].removesuffix(".lance") for path, _ in files.values() if path}
+            live = {_stem(path) for path, _ in files.values() if path}
             stats["pruned"] = kept.prune(key, live, set(ds.schema.names))
         kept.stats = stats
+
+
+def cells_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray, mapping: np.ndarray,
+                     kept: SearchCodes, model: SearchModel, model_id: str, table: int,
+                     on_block: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    """Call ``on_block(positions, cells)`` with the :func:`~prx_assets.core.curate.multi_index.cell_probes`
+    of the rows at ``addresses`` (rows that have a code) in table ``table`` of ``model`` (kept as
+    ``model_id``), a fragment at a time: read from ``kept`` where it holds the fragment's data file,
+    else computed for every row of the fragment that has a code, from its kept codes, and kept.
+    Counts files read and computed in ``kept.stats`` (``cells_kept``, ``cells_computed``)."""
+    addresses = np.asarray(addresses, dtype=np.uint64)
+    if not len(addresses):
+        return
+    key = codes_key(mapping)
+    width = probe_width(model.tables[table])
+    n_cells = len(model.tables[table].first) * len(model.tables[table].second)
+    files = column_files(ds, column)
+    fids, groups = _fragment_groups(addresses)
+
+    def where(fid: int) -> tuple[str | None, int]:
+        return files[fid] if fid in files else (None, ds.get_fragment(fid).metadata.physical_rows)
+
+    def load(fid: int) -> np.ndarray | None:
+        data_file, rows = where(fid)
+        return kept.load_cells(key, data_file, model_id, table, rows, width, n_cells) if data_file else None
+
+    def compute(fid: int) -> np.ndarray:
+        data_file, rows = where(fid)
+        codes = kept.load(key, data_file, rows, mapping.shape[1]) if data_file else None
+        if codes is None:  # a fragment with overlays, or codes another cut pruned meanwhile
+            codes = compute_fragment(ds, column, fid, rows, mapping)
+        cells = np.full((rows, width), -1, dtype=np.int32)
+        at = np.flatnonzero(codes.ok)
+        cells[at] = cell_probes(codes.codes[at], codes.scale[at], model.tables[table])
+        if data_file:
+            kept.save_cells(key, data_file, model_id, table, cells)
+        return cells
+
+    stats = kept.stats
+    window = _window(max(where(f)[1] for f in fids) * width * 4)
+    for fid, positions, got in zip(fids, groups, _read_ahead(fids, load, window), strict=True):
+        if got is None:
+            got = compute(fid)
+            stats["cells_computed"] = stats.get("cells_computed", 0) + 1
+        else:
+            stats["cells_kept"] = stats.get("cells_kept", 0) + 1
+        block = got[(addresses[positions] & _OFFSET_MASK).astype(np.int64)]
+        if (block < 0).any():
+            raise SearchCodesError(f"rows of fragment {fid} have no kept code but are asked for their cells; "
+                                   f"delete {kept.root.join(layout.search_codes_dir(column))} and cut again")
+        on_block(positions, block)
 
 
 def search_codes(root: DataRoot, column: str) -> SearchCodes:

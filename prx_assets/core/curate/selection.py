@@ -37,10 +37,10 @@ from prx_assets.core.curate.dedup import (
     search_map,
 )
 from prx_assets.core.curate.digests import content_hash_of, digests_of
-from prx_assets.core.curate.multi_index import SearchModels
+from prx_assets.core.curate.multi_index import SearchModel, SearchModels, probe_width
 from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
-from prx_assets.core.curate.search_codes import SearchCodes, codes_by_address
+from prx_assets.core.curate.search_codes import SearchCodes, cells_by_address, codes_by_address
 from prx_assets.core.lab.changes import vector_matrix
 from prx_assets.core.lab.sql import where_in
 from prx_assets.core.lab.sync import CAPTION_PREFIX, caption_column
@@ -382,7 +382,8 @@ def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, thr
         codes[pos[good]] = c
         scale[pos[good]] = sc
         ok[pos[good]] = True
-    if search_codes is not None and addresses is not None:
+    kept = search_codes is not None and addresses is not None
+    if kept:
         def put(pos: np.ndarray, good: np.ndarray, c: np.ndarray, sc: np.ndarray) -> None:
             codes[pos[good]], scale[pos[good]], ok[pos[good]] = c[good], sc[good], True
         codes_by_address(ds, column, addresses, mapping, search_codes, put)
@@ -402,8 +403,19 @@ def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, thr
         read_by_row_ids(ds, column, row_ids[rows], put, scan=False)
         return out
 
+    def cells(model: SearchModel, model_id: str, table: int) -> np.ndarray:
+        """The valid rows' cells in one table of the model, from the cells kept per data file."""
+        out = np.empty((len(valid), probe_width(model.tables[table])), dtype=np.int32)
+
+        def put(pos: np.ndarray, block: np.ndarray) -> None:
+            out[pos] = block
+        assert search_codes is not None and addresses is not None
+        cells_by_address(ds, column, np.asarray(addresses)[valid], mapping, search_codes, model, model_id, table,
+                         put)
+        return out
+
     later, earlier = projected_pairs(codes[:len(valid)], scale[:len(valid)], ok, threshold, dim, fetch, rng,
-                                     models=models)
+                                     models=models, cells=cells if kept else None)
     return greedy_keep(n, later, earlier)
 
 
