@@ -588,6 +588,7 @@ def child_main(argv: list[str]) -> None:
         from prx_assets.core.curate.recipes import Dedup, Recipe
         from prx_assets.core.curate.search_codes import search_codes
         from prx_assets.core.curate.search_models import search_models
+        from prx_assets.core.curate.search_pairs import search_pairs
         from prx_assets.core.curate.selection import select
         from prx_assets.core.lab.sync import embedding_column
 
@@ -596,6 +597,7 @@ def child_main(argv: list[str]) -> None:
         column = embedding_column("e-1")
         kept = os.environ.get("PRX_BENCH_SCALE_SEARCH_MODELS", "1") != "0"  # 0: train per cut (curation-1)
         codes = os.environ.get("PRX_BENCH_SCALE_SEARCH_CODES", "1") != "0"  # 0: every vector read per cut
+        pairs = os.environ.get("PRX_BENCH_SCALE_SEARCH_PAIRS", "1") != "0"  # 0: every pair searched per cut
         if os.environ.get("PRX_BENCH_SCALE_SEARCH_CELLS", "1") == "0":  # 0: every row filed in its cells per cut
             from prx_assets.core.curate import dedup
 
@@ -604,10 +606,11 @@ def child_main(argv: list[str]) -> None:
         t = time.perf_counter()
         sub = select(lance.dataset(table_uri(root, "images")), recipe, ["c-1"], embedding_column=column,
                      search_models=search_models(root, recipe, column) if kept else None,
-                     search_codes=search_codes(root, column) if codes else None)
+                     search_codes=search_codes(root, column) if codes else None,
+                     search_pairs=search_pairs(root, recipe.name) if pairs else None)
         result.update(seconds=time.perf_counter() - t, selected=sub.count, dropped=sub.dropped,
                       content_hash=sub.content_hash, search_model=sub.lineage.get("search_model"),
-                      search_codes=sub.work.get("search_codes"))
+                      search_codes=sub.work.get("search_codes"), search_pairs=sub.work.get("search_pairs"))
         if len(argv) > 2:
             pq.write_table(sub.selected.select(["image_id"]), argv[2])
     elif kind == "embedding_check":  # the inverted file vs every pair, for sampled query rows
@@ -829,18 +832,20 @@ def embedding_churn(big: str, tmp: Path) -> dict[str, Any]:
 
 #: The sides of :func:`recut_rounds`, and the child environment of each.
 RECUT_SIDES: dict[str, dict[str, str] | None] = {
-    "kept_codes": None,  # curation's default: codes and cells kept per data file
-    "kept_codes_no_cells": {"PRX_BENCH_SCALE_SEARCH_CELLS": "0"},  # every row filed in its cells again
-    "every_vector": {"PRX_BENCH_SCALE_SEARCH_CODES": "0"},  # every survivor's vector read and encoded again
+    "kept_codes": None,  # curation's default: codes and cells kept per data file, candidate pairs per recipe
+    "kept_codes_no_pairs": {"PRX_BENCH_SCALE_SEARCH_PAIRS": "0"},  # every pair searched again
+    "kept_codes_no_cells": {"PRX_BENCH_SCALE_SEARCH_CELLS": "0", "PRX_BENCH_SCALE_SEARCH_PAIRS": "0"},  # and filed
+    "every_vector": {"PRX_BENCH_SCALE_SEARCH_CODES": "0", "PRX_BENCH_SCALE_SEARCH_PAIRS": "0"},  # and read
 }
 
 
 def recut_rounds(big: str, tmp: Path) -> dict[str, Any]:
-    """A re-cut of the bench recipe with the search codes and cells kept per data file (curation's
-    default) against one that files every row in its cells again (``PRX_BENCH_SCALE_SEARCH_CELLS=0``)
-    and one that reads every survivor's vector (``PRX_BENCH_SCALE_SEARCH_CODES=0``), the order of the
-    sides rotated each of ``ROUNDS`` rounds (what is kept was kept by the cuts before); all must give
-    the same subset."""
+    """A re-cut of the bench recipe with the search codes and cells kept per data file and the
+    candidate pairs kept (curation's default) against one that searches every pair again
+    (``PRX_BENCH_SCALE_SEARCH_PAIRS=0``), one that also files every row in its cells again
+    (``PRX_BENCH_SCALE_SEARCH_CELLS=0``) and one that also reads every survivor's vector
+    (``PRX_BENCH_SCALE_SEARCH_CODES=0``), the order of the sides rotated each of ``ROUNDS`` rounds
+    (what is kept was kept by the cuts before); all must give the same subset."""
     names = list(RECUT_SIDES)
     sides: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
     for rnd in range(ROUNDS):
@@ -848,12 +853,15 @@ def recut_rounds(big: str, tmp: Path) -> dict[str, Any]:
             sides[side].append(_child(["curate", big, str(tmp / f"recut-{side}.parquet")], env=RECUT_SIDES[side]))
     med = {k: statistics.median(r["seconds"] for r in v) for k, v in sides.items()}
     return {"kept_codes_seconds": round(med["kept_codes"], 2), "every_vector_seconds": round(med["every_vector"], 2),
+            "kept_codes_no_pairs_seconds": round(med["kept_codes_no_pairs"], 2),
             "kept_codes_no_cells_seconds": round(med["kept_codes_no_cells"], 2),
             "share": round(med["kept_codes"] / med["every_vector"], 3),
-            "cells_share": round(med["kept_codes"] / med["kept_codes_no_cells"], 3),
+            "pairs_share": round(med["kept_codes"] / med["kept_codes_no_pairs"], 3),
+            "cells_share": round(med["kept_codes_no_pairs"] / med["kept_codes_no_cells"], 3),
             **{f"{k}_peak_gb": round(max(r["peak_gb"] for r in v), 2) for k, v in sides.items()},
             "same_subset": len({r["content_hash"] for v in sides.values() for r in v}) == 1,
             "search_codes": sides["kept_codes"][-1].get("search_codes"),
+            "search_pairs": sides["kept_codes"][-1].get("search_pairs"),
             "spread": {k: [round(r["seconds"], 2) for r in v] for k, v in sides.items()}}
 
 
@@ -884,11 +892,13 @@ def format_table(r: dict[str, Any]) -> str:
            f"models (re-cut {r['embedding_churn']['kept_models']['recut_seconds']} s) vs "
            f"{r['embedding_churn']['trained_per_cut']['old_rows_moved']} with a model trained per cut "
            f"({r['embedding_churn']['trained_per_cut']['recut_seconds']} s; target 0)"] if r.get("embedding_churn") else []),
-        *([f"  re-cut with the search codes and cells kept per data file vs every row filed in its cells again "
-           f"vs reading every vector: {r['curation_recut']['kept_codes_seconds']} s vs "
+        *([f"  re-cut with search codes, cells and pairs kept vs every pair searched again vs every row filed "
+           f"again too vs every vector read too: {r['curation_recut']['kept_codes_seconds']} s vs "
+           f"{r['curation_recut']['kept_codes_no_pairs_seconds']} s vs "
            f"{r['curation_recut']['kept_codes_no_cells_seconds']} s vs {r['curation_recut']['every_vector_seconds']} s "
-           f"({r['curation_recut']['cells_share']:.0%} and {r['curation_recut']['share']:.0%}; peak "
-           f"{r['curation_recut']['kept_codes_peak_gb']} vs {r['curation_recut']['kept_codes_no_cells_peak_gb']} vs "
+           f"(all kept / every vector {r['curation_recut']['share']:.0%}; peak "
+           f"{r['curation_recut']['kept_codes_peak_gb']} vs {r['curation_recut']['kept_codes_no_pairs_peak_gb']} vs "
+           f"{r['curation_recut']['kept_codes_no_cells_peak_gb']} vs "
            f"{r['curation_recut']['every_vector_peak_gb']} GB; same subset: {r['curation_recut']['same_subset']}; "
            f"spread {r['curation_recut']['spread']})"] if r.get("curation_recut") else []),
         *([f"  maintenance of the lab after the rounds (compaction, index optimisation, cleanup): "

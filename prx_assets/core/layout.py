@@ -165,3 +165,14 @@ def search_cells(column: str, key: str, data_file: str, model_id: str, table: in
     'curated/_codes/emb__e_1/ab12/0101f3.cells-9c0e1d2f3a4b-1.npy'
     """
     return f"{search_codes_dir(column)}/{key}/{data_file}.cells-{model_id}-{table}.npy"
+
+
+def search_pairs(recipe: str, version: int, codes_key: str, model_id: str, threshold: float) -> str:
+    """A recipe's kept embedding-dedup candidate pairs (see :mod:`prx_assets.core.curate.search_pairs`):
+    one file per file layout ``version``, search codes key, search model and candidate threshold; a
+    cut keeps only its own.
+
+    >>> search_pairs("r", 1, "ab12", "9c0e1d2f3a4b", 0.87)
+    'curated/r/_search/pairs-v1-ab12-9c0e1d2f3a4b-0.870000.npz'
+    """
+    return f"{CURATED_DIR}/{recipe}/_search/pairs-v{version}-{codes_key}-{model_id}-{threshold:.6f}.npz"

@@ -6,6 +6,7 @@ from pydantic import Field
 from prx_assets.core.curate.optout import load_requests, registry_version
 from prx_assets.core.curate.search_codes import search_codes
 from prx_assets.core.curate.search_models import search_models
+from prx_assets.core.curate.search_pairs import search_pairs
 from prx_assets.core.curate.selection import select
 from prx_assets.core.curate.subsets import write_subset
 from prx_assets.core.lab.query import open_lab
@@ -83,7 +84,8 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
     optouts = load_requests(root)
     subset = select(ds, recipe, known_captioner_ids=models.captioner_ids(), embedding_column=emb_col,
                     optouts=optouts, search_models=search_models(root, recipe, emb_col) if emb_col else None,
-                    search_codes=search_codes(root, emb_col) if emb_col else None)
+                    search_codes=search_codes(root, emb_col) if emb_col else None,
+                    search_pairs=search_pairs(root, recipe.name) if emb_col else None)
     stored = write_subset(root, ds, recipe, subset)
     context.log.info(f"{recipe.name}: {subset.count} of {subset.total} images at Lance version "
                      f"{subset.version}; dropped {subset.dropped}")
@@ -110,6 +112,8 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
                if "search_model" in subset.lineage else {}),
             **({"search_codes": dg.MetadataValue.json(subset.work["search_codes"])}
                if "search_codes" in subset.work else {}),
+            **({"search_pairs": dg.MetadataValue.json(subset.work["search_pairs"])}
+               if "search_pairs" in subset.work else {}),
             **subset_pictures(ds, subset.selected.column("image_id"), subset.caption_columns[0] if subset.caption_columns else None,
                               subset.buckets, subset.dropped),
             "candidates": subset.total,

@@ -267,3 +267,23 @@ def test_a_rows_projection_does_not_depend_on_the_rows_beside_it() -> None:
     for size in (1, 7, 256, 300, 512, PRODUCT_ROWS - 1):
         parts = np.concatenate([row_products(x[a:a + size], m) for a in range(0, len(x), size)])
         assert np.array_equal(parts, whole)
+
+
+def test_multi_index_pairs_with_a_new_row_complete_the_pairs_found_among_the_others() -> None:
+    """With ``new``, the multi-index searches only pairs with at least one new row; with the pairs a
+    whole search finds among the other rows, that is every pair a whole search finds (kept search
+    pairs rest on this), whether a new row's partner is new or old, in its cell or one it probes."""
+    from prx_assets.core.curate.multi_index import encode_rows, multi_index_pairs, train_model
+
+    vecs, planted = spread_pairs(20_000, 64, seed=5, low=0.9)
+    codes, scale = encode_rows(vecs)
+    model = train_model(codes, scale, np.random.default_rng(0))
+    whole = {tuple(p) for p in multi_index_pairs(codes, scale, 0.88, None, model=model).tolist()}
+    assert len(whole) >= 0.95 * len(planted)
+    new = np.random.default_rng(1).random(len(codes)) < 0.03
+    new[np.array([i for i, _ in planted][:50])] = True  # some pairs with both rows new, most with one
+    got = {tuple(p) for p in multi_index_pairs(codes, scale, 0.88, None, model=model, new=new).tolist()}
+    assert got == {p for p in whole if new[p[0]] or new[p[1]]}
+    assert any(new[i] and new[j] for i, j in got) and any(new[i] != new[j] for i, j in got)
+    nothing = multi_index_pairs(codes, scale, 0.88, None, model=model, new=np.zeros(len(codes), bool))
+    assert len(nothing) == 0

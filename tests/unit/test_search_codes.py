@@ -126,9 +126,10 @@ def test_small_cuts_compare_every_pair_and_keep_no_codes(tmp_path: Path) -> None
 
 def test_kept_codes_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lab and the kept codes and cells on the moto S3 endpoint: kept, read back, deleted with
-    their data file."""
+    """The lab and the kept codes, cells and pairs on the moto S3 endpoint: kept, read back, deleted
+    with their data file (the pairs searched again for a compacted file's rows)."""
     import prx_assets.core.curate.selection as selection
+    from prx_assets.core.curate.search_pairs import search_pairs
 
     monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
     root = DataRoot(f"s3://{s3_env['BUCKET']}/data")
@@ -139,7 +140,8 @@ def test_kept_codes_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str],
 
     def cut(codes: bool) -> Subset:
         return select(lance.dataset(uri, storage_options=root.storage_options()), RECIPE, embedding_column="emb",
-                      search_codes=search_codes(root, "emb") if codes else None, search_models=models)
+                      search_codes=search_codes(root, "emb") if codes else None, search_models=models,
+                      search_pairs=search_pairs(root, "r") if codes else None)
 
     first = cut(True)
     assert first.work["search_codes"] == {"kept": 0, "computed": 2, "rows_computed": 2_000, "pruned": 0,
@@ -149,12 +151,15 @@ def test_kept_codes_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str],
     assert again.work["search_codes"] == {"kept": 2, "computed": 0, "rows_computed": 0, "pruned": 0, "cells_kept": 4}
     _same(first, again)
     _same(first, cut(False))
+    assert first.work["search_pairs"]["rows_new"] == 2_000 and again.work["search_pairs"]["rows_new"] == 0
+    assert len(root.list(layout.search_model("r", "", 0).rpartition("/")[0])) == 1  # one kept pairs file
     ds = lance.dataset(uri, storage_options=root.storage_options())
     ds.optimize.compact_files(target_rows_per_fragment=4_000)  # one new fragment, one new data file
     compacted = cut(True)
     assert compacted.work["search_codes"] == {"kept": 0, "computed": 1, "rows_computed": 2_000, "pruned": 6,
                                               "cells_computed": 2}
     _same(compacted, first)
+    assert compacted.work["search_pairs"]["rows_new"] == 2_000
     assert len(root.list(layout.search_codes_dir("emb"))) == 1 + 2
 
 
@@ -204,3 +209,78 @@ def test_kept_cells_give_the_same_pairs_and_follow_the_data_files(tmp_path: Path
     kept.write_bytes(b"not cells")
     with pytest.raises(SearchCodesError, match=str(kept)):
         _cut(uri, root, models)
+
+
+def test_kept_pairs_give_the_same_subset_as_a_whole_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With kept search pairs a cut searches only pairs with a row no earlier cut searched: none
+    when nothing changed, a new batch's rows (near copies of earlier rows among them), the rows of a
+    data file rewritten in place or compacted; rows deleted since leave their pairs out. Every cut
+    equals one that searches every pair with the same model. A cut of an older version keeps
+    nothing; a kept file that cannot be read is an error naming it."""
+    import prx_assets.core.curate.selection as selection
+    from prx_assets.core.curate.search_pairs import search_pairs
+
+    monkeypatch.setattr(selection, "EMBEDDING_EXACT_BELOW", 100)
+    root = DataRoot(str(tmp_path / "data"))
+    uri = str(tmp_path / "lab.lance")
+    vecs, _ = spread_pairs(3_000, DIM, seed=7)
+    _lab(uri, vecs)
+    models = SearchModels.in_memory()
+    pairs = search_pairs(root, "r")
+
+    def cut(version: int | None = None) -> Subset:
+        ds = lance.dataset(uri, version=version)
+        sub = select(ds, RECIPE, embedding_column="emb", search_models=models, search_codes=search_codes(root, "emb"),
+                     search_pairs=pairs)
+        whole = select(ds, RECIPE, embedding_column="emb", search_models=models,
+                       search_codes=search_codes(root, "emb"))
+        _same(sub, whole)
+        assert "search_pairs" not in whole.work
+        return sub
+
+    cold = cut()
+    assert cold.work["search_pairs"]["rows_new"] == 3_000 and cold.work["search_pairs"]["kept"]
+    assert cold.dropped["dedup_embedding"] > 200
+    warm = cut()
+    assert warm.work["search_pairs"] == {"rows_new": 0, "pairs_kept": warm.work["search_pairs"]["pairs_kept"],
+                                         "pairs_found": 0, "kept": True}
+    assert warm.work["search_pairs"]["pairs_kept"] >= cold.dropped["dedup_embedding"]
+    _same(warm, cold)
+
+    rng = np.random.default_rng(8)
+    src = rng.choice(3_000, 200, replace=False)
+    near = vecs[src] + 0.05 * rng.standard_normal((200, DIM)).astype(np.float32) / np.sqrt(DIM)
+    _lab(uri, near / np.linalg.norm(near, axis=1, keepdims=True), first=10**6, mode="append")
+    grown = cut()
+    assert grown.work["search_pairs"]["rows_new"] == 200 and grown.work["search_pairs"]["pairs_found"] >= 150
+    assert grown.dropped["dedup_embedding"] >= cold.dropped["dedup_embedding"] + 150  # new rows that copy old ones
+
+    ds = lance.dataset(uri)
+    frag = ds.get_fragment(1)
+    rowids = frag.to_table(columns=["image_id"], with_row_id=True).column("_rowid")
+    moved = vecs[:1_000] + 0.001 * vecs[1_000:2_000]  # fragment 1 rewritten: near copies of fragment 0
+    up = pa.table({"_rowid": rowids, "emb": pa.FixedSizeListArray.from_arrays(
+        pa.array(moved.ravel().astype(np.float16)), DIM)})
+    meta, fields = frag.update_columns(up)
+    lance.LanceDataset.commit(uri, lance.LanceOperation.Update(updated_fragments=[meta], fields_modified=fields),
+                              read_version=ds.version)
+    rewritten = cut()
+    assert rewritten.work["search_pairs"]["rows_new"] == 1_000
+    assert rewritten.dropped["dedup_embedding"] > grown.dropped["dedup_embedding"] + 800
+
+    lance.dataset(uri).delete("image_id < '000000000100'")
+    deleted = cut()
+    assert deleted.work["search_pairs"]["rows_new"] == 0
+
+    older = cut(version=1)
+    assert older.work["search_pairs"]["kept"] is False  # nothing kept from an older version
+    _same(older, cold)
+    lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=10_000)
+    compacted = cut()
+    assert compacted.work["search_pairs"]["rows_new"] == compacted.count + compacted.dropped["dedup_embedding"]
+    _same(compacted, deleted)
+    kept = sorted((tmp_path / "data").rglob("pairs-*.npz"))
+    assert len(kept) == 1
+    kept[0].write_bytes(b"not pairs")
+    with pytest.raises(SearchCodesError, match=str(kept[0])):
+        cut()

@@ -25,6 +25,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,7 +38,11 @@ from prx_assets.core.curate.multi_index import (
     multi_index_pairs,
     random_rotation,
     row_products,
+    unique_pairs,
 )
+
+if TYPE_CHECKING:
+    from prx_assets.core.curate.search_pairs import KeptPairs
 
 #: Items whose probes are expanded at a time (multi-index hashing).
 PHASH_CHUNK = 32_768
@@ -186,12 +191,6 @@ def _mih_pairs(h: np.ndarray, distance: int, chunk: int) -> tuple[np.ndarray, np
     if not found_i:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return np.concatenate(found_i), np.concatenate(found_j)
-
-
-def unique_pairs(later: np.ndarray, earlier: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs without repeats, sorted by ``later`` then ``earlier`` (rows below 2**32)."""
-    packed = np.unique((later.astype(np.uint64) << np.uint64(32)) | earlier.astype(np.uint64))
-    return (packed >> np.uint64(32)).astype(np.int64), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 def phash_pairs(hashes: np.ndarray, distance: int, chunk: int = PHASH_CHUNK) -> tuple[np.ndarray, np.ndarray]:
@@ -356,7 +355,7 @@ def projected_pairs(codes: np.ndarray, scale: np.ndarray, ok: np.ndarray, thresh
                     fetch: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator,
                     verify_rows: int = 65_536, models: SearchModels | None = None,
                     cells: Callable[[SearchModel, str, int], np.ndarray] | None = None,
-                    ) -> tuple[np.ndarray, np.ndarray]:
+                    kept_pairs: KeptPairs | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(i, j)``, ``j < i``, of rows whose cosine is >= ``threshold``, for vectors too many
     to hold: ``codes``/``scale`` hold the usable rows' encodings (:func:`encode_for_search` with
     :func:`search_map` drawn first from ``rng``) in row order, ``ok`` says which of the ``dim``-d
@@ -366,25 +365,40 @@ def projected_pairs(codes: np.ndarray, scale: np.ndarray, ok: np.ndarray, thresh
     a row) and one block, never every full vector. With ``models`` the multi-index's trained part is
     the kept one of the rows' size generation (trained from ``rng`` and kept when there is none), and
     ``cells(model, model_id, t)`` may give the rows' cells in its table ``t`` where they are kept
-    (:func:`~prx_assets.core.curate.multi_index.cell_probes`; ``model_id`` names the kept model)."""
+    (:func:`~prx_assets.core.curate.multi_index.cell_probes`; ``model_id`` names the kept model).
+    ``kept_pairs`` (bound to these rows) gives the candidate pairs found by earlier cuts with the same
+    model and whether each held on the full vectors, so only pairs with a row they did not cover are
+    searched and checked, and keeps what this cut found (:mod:`prx_assets.core.curate.search_pairs`)."""
     valid = np.flatnonzero(ok)
     if len(valid) < 2:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     model = models.model_for(codes, scale, rng) if models is not None else None
-    kept_cells = None
-    if model is not None and cells is not None and models is not None and models.last is not None:
+    kept_cells, model_id = None, None
+    if model is not None and models is not None and models.last is not None:
         model_id = str(models.last["model_id"])
-        kept_cells = partial(cells, model, model_id)
-    pairs = multi_index_pairs(codes, scale, candidate_threshold(threshold, dim), rng, model=model, cells=kept_cells)
+        kept_cells = partial(cells, model, model_id) if cells is not None else None
+    candidate = candidate_threshold(threshold, dim)
+    known = kept_pairs.known(model_id, candidate) if kept_pairs is not None and model_id is not None else None
+    if known is None:
+        pairs = multi_index_pairs(codes, scale, candidate, rng, model=model, cells=kept_cells)
+        earlier_ok = np.zeros(0, dtype=bool)
+    else:  # the kept pairs (both rows searched before) and those with a new row: two disjoint sets
+        new, earlier, earlier_ok = known
+        pairs = np.concatenate([earlier, multi_index_pairs(codes, scale, candidate, rng, model=model,
+                                                           cells=kept_cells, new=new)])
     keep = np.zeros(len(pairs), dtype=bool)
+    keep[:len(earlier_ok)] = earlier_ok  # kept pairs were checked on the full vectors when found
     step = max(1, verify_rows // 2)
-    for a in range(0, len(pairs), step):  # each block fetches at most ``verify_rows`` full vectors
+    for a in range(len(earlier_ok), len(pairs), step):  # each block fetches at most ``verify_rows`` full vectors
         block = pairs[a:a + step]
         rows = np.unique(block)
         full = np.asarray(fetch(valid[rows]), dtype=np.float32)
         full /= np.linalg.norm(full, axis=1, keepdims=True)
         i, j = np.searchsorted(rows, block[:, 0]), np.searchsorted(rows, block[:, 1])
         keep[a:a + len(block)] = np.einsum("ij,ij->i", full[i], full[j]) >= threshold
+    if kept_pairs is not None and model_id is not None:
+        kept_pairs.stats["pairs_found"] = len(pairs) - len(earlier_ok)
+        kept_pairs.keep(model_id, candidate, pairs, keep)
     pairs = pairs[keep]
     return valid[pairs[:, 0]], valid[pairs[:, 1]]
 

@@ -200,10 +200,12 @@ def cell_probes(codes: np.ndarray, scale: np.ndarray, table: TableModel, probes:
 
 
 def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: TableModel,
-                 probes: int, kept: Callable[[], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 probes: int, kept: Callable[[], np.ndarray] | None = None,
+                 new: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(i, j)``, ``i > j``, with decoded cosine >= ``threshold`` found by one table;
     ``kept()`` gives the rows' :func:`cell_probes` when they are kept (called here, so that they
-    are freed once filed, as computed ones are)."""
+    are freed once filed, as computed ones are); with ``new`` (a mask of the rows) only the pairs
+    with at least one new row."""
     cells = cell_probes(codes, scale, table, probes) if kept is None else kept()
     if cells.shape != (len(codes), probe_width(table, probes)):
         raise SearchModelError(f"cells given for {cells.shape[0]} rows x {cells.shape[1]} probes, the table "
@@ -225,15 +227,9 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
         found_i.append(np.maximum(a, b))
         found_j.append(np.minimum(a, b))
 
-    for c in np.flatnonzero(np.diff(home_at)):
-        members = home_rows[home_at[c]:home_at[c + 1]]
-        mv = decode_rows(codes[members], scale[members])
-        if len(members) > 1:  # pairs inside the cell, each once
-            mi, mj = np.nonzero(np.triu(mv @ mv.T >= threshold, 1))
-            if len(mi):
-                keep(members[mi], members[mj])
-        queries = probe_rows[probe_at[c]:probe_at[c + 1]]
-        step = max(1, PRODUCT_BLOCK // len(members))
+    def against(queries: np.ndarray, members: np.ndarray, mv: np.ndarray) -> None:
+        """Pairs of ``queries`` with the cell's ``members`` (decoded as ``mv``) at the threshold."""
+        step = max(1, PRODUCT_BLOCK // max(1, len(members)))
         for a in range(0, len(queries), step):
             q = queries[a:a + step]
             sims = decode_rows(codes[q], scale[q]) @ mv.T
@@ -241,6 +237,31 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
             if len(rows):
                 qi, mi = np.nonzero(sims[rows] >= threshold)
                 keep(q[rows[qi]], members[mi])
+
+    for c in np.flatnonzero(np.diff(home_at)):
+        members = home_rows[home_at[c]:home_at[c + 1]]
+        queries = probe_rows[probe_at[c]:probe_at[c + 1]]
+        if new is not None:  # only pairs with a new row: new members with all, new queries with all, old with new
+            new_members = new[members]
+            new_queries = new[queries]
+            if not new_members.any():
+                if new_queries.any():
+                    against(queries[new_queries], members, decode_rows(codes[members], scale[members]))
+                continue
+            mv = decode_rows(codes[members], scale[members])
+            fresh, fresh_v = members[new_members], mv[new_members]
+            mi, mj = np.nonzero(fresh_v @ mv.T >= threshold)  # pairs inside the cell with a new row (self: dropped below)
+            if len(mi):
+                keep(fresh[mi], members[mj])
+            against(queries[new_queries], members, mv)
+            against(queries[~new_queries], fresh, fresh_v)
+            continue
+        mv = decode_rows(codes[members], scale[members])
+        if len(members) > 1:  # pairs inside the cell, each once
+            mi, mj = np.nonzero(np.triu(mv @ mv.T >= threshold, 1))
+            if len(mi):
+                keep(members[mi], members[mj])
+        against(queries, members, mv)
     if not found_i:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     i, j = np.concatenate(found_i), np.concatenate(found_j)
@@ -383,14 +404,17 @@ class SearchModels:
 def multi_index_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, rng: np.random.Generator,
                       tables: int = TABLES, probes: int = PROBES, cell_rows: int = CELL_ROWS,
                       model: SearchModel | None = None,
-                      cells: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
+                      cells: Callable[[int], np.ndarray] | None = None, new: np.ndarray | None = None) -> np.ndarray:
     """Unique pairs ``(i, j)``, ``i > j``, of rows whose decoded cosine is >= ``threshold``, found
     through ``tables`` inverted multi-indexes (see module docs), as an ``m x 2`` array sorted by row.
 
     ``codes``/``scale`` come from :func:`encode_rows`. With ``model`` (a kept :class:`SearchModel`)
     nothing is drawn from ``rng``; without one it is trained from ``rng`` (rotations, k-means
     samples), so the same rows and seed give the same pairs. ``cells(t)``, with ``model``, gives the
-    rows' :func:`cell_probes` in table ``t`` when they are kept (the same pairs, without computing them)."""
+    rows' :func:`cell_probes` in table ``t`` when they are kept (the same pairs, without computing them).
+    With ``new`` (a mask of the rows) only the pairs with at least one new row are searched and
+    returned: with the pairs found earlier among the other rows, the same pairs as a whole search
+    (:mod:`prx_assets.core.curate.search_pairs`)."""
     n, dim = codes.shape
     if n < 2 or dim < 2:
         return np.zeros((0, 2), np.int64)
@@ -398,8 +422,15 @@ def multi_index_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, rn
     if model is None:
         model = train_model(codes, scale, rng, tables, cell_rows)
     found = [_table_pairs(codes, scale, threshold, table, probes, partial(cells, t) if cells is not None and model_given
-                          else None) for t, table in enumerate(model.tables)]
-    packed = np.unique(np.concatenate([(i.astype(np.uint64) << np.uint64(32)) | j.astype(np.uint64)
-                                       for i, j in found]))
-    return np.stack([(packed >> np.uint64(32)).astype(np.int64), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)],
-                    axis=1)
+                          else None, new) for t, table in enumerate(model.tables)]
+    return np.stack(unique_pairs(np.concatenate([i for i, _ in found]), np.concatenate([j for _, j in found])), axis=1)
+
+
+def unique_pairs(later: np.ndarray, earlier: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs without repeats, sorted by ``later`` then ``earlier`` (rows below 2**32).
+
+    >>> [a.tolist() for a in unique_pairs(np.array([3, 2, 3]), np.array([1, 0, 1]))]
+    [[2, 3], [0, 1]]
+    """
+    packed = np.unique((later.astype(np.uint64) << np.uint64(32)) | earlier.astype(np.uint64))
+    return (packed >> np.uint64(32)).astype(np.int64), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)

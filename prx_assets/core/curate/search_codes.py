@@ -124,7 +124,7 @@ class SearchCodes:
 
     def rel(self, key: str, data_file: str) -> str:
         """Where the codes of ``data_file`` (a Lance data file's name) are kept."""
-        return layout.search_codes(self.column, key, _stem(data_file))
+        return layout.search_codes(self.column, key, file_stem(data_file))
 
     def load(self, key: str, data_file: str, rows: int, width: int) -> FragmentCodes | None:
         """The kept codes of ``data_file``, or ``None`` when there are none."""
@@ -141,7 +141,7 @@ class SearchCodes:
 
     def rel_cells(self, key: str, data_file: str, model_id: str, table: int) -> str:
         """Where the cells of ``data_file``'s rows in table ``table`` of model ``model_id`` are kept."""
-        return layout.search_cells(self.column, key, _stem(data_file), model_id, table)
+        return layout.search_cells(self.column, key, file_stem(data_file), model_id, table)
 
     def load_cells(self, key: str, data_file: str, model_id: str, table: int, rows: int,
                    width: int, n_cells: int) -> np.ndarray | None:
@@ -182,7 +182,7 @@ class SearchCodes:
             gone += 1
         for rel in self.root.list(layout.search_codes_dir(self.column)):
             folder, _, name = rel.rpartition("/")
-            if name.endswith((".npz", ".npy")) and (folder.rpartition("/")[2] != key or _stem(name) not in live):
+            if name.endswith((".npz", ".npy")) and (folder.rpartition("/")[2] != key or file_stem(name) not in live):
                 self.root.delete(rel)
                 gone += 1
         return gone
@@ -191,10 +191,10 @@ class SearchCodes:
 _CELLS_SUFFIX = re.compile(r"\.cells-\w+-\d+\.npy$")
 
 
-def _stem(name: str) -> str:
+def file_stem(name: str) -> str:
     """A data file's name (as Lance names it, or a kept file's name) less its folder and suffixes.
 
-    >>> _stem("data/0101f3.lance"), _stem("0101f3.npz"), _stem("a/0101f3.cells-9c0e1d2f3a4b-1.npy")
+    >>> file_stem("data/0101f3.lance"), file_stem("0101f3.npz"), file_stem("a/0101f3.cells-9c0e1d2f3a4b-1.npy")
     ('0101f3', '0101f3', '0101f3')
     """
     base = name.rsplit("/", 1)[-1].removesuffix(".lance").removesuffix(".npz")
@@ -303,7 +303,7 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
         on_block(positions, got.ok[offsets], got.codes[offsets], got.scale[offsets])
     if kept is not None:
         if ds.version == ds.latest_version:  # a cut of an older version deletes nothing
-            live = {_stem(path) for path, _ in files.values() if path}
+            live = {file_stem(path) for path, _ in files.values() if path}
             stats["pruned"] = kept.prune(key, live, set(ds.schema.names))
         kept.stats = stats
 

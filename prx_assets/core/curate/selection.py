@@ -40,7 +40,8 @@ from prx_assets.core.curate.digests import content_hash_of, digests_of
 from prx_assets.core.curate.multi_index import SearchModel, SearchModels, probe_width
 from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
-from prx_assets.core.curate.search_codes import SearchCodes, cells_by_address, codes_by_address
+from prx_assets.core.curate.search_codes import SearchCodes, cells_by_address, codes_by_address, codes_key
+from prx_assets.core.curate.search_pairs import KeptPairs
 from prx_assets.core.lab.changes import vector_matrix
 from prx_assets.core.lab.sql import where_in
 from prx_assets.core.lab.sync import CAPTION_PREFIX, caption_column
@@ -142,14 +143,18 @@ SCAN_ABOVE_SHARE = 0.25
 
 def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence[str] = (),
            embedding_column: str | None = None, optouts: Sequence[OptOutRequest] = (),
-           search_models: SearchModels | None = None, search_codes: SearchCodes | None = None) -> Subset:
+           search_models: SearchModels | None = None, search_codes: SearchCodes | None = None,
+           search_pairs: KeptPairs | None = None) -> Subset:
     """Run ``recipe`` on the lab version ``ds`` (see module docs); ``optouts`` (recorded requests)
     apply to every recipe, each with its own drop count in ``Subset.optout_dropped``.
     ``search_models`` keeps embedding dedup's trained multi-index between cuts (see
     :mod:`prx_assets.core.curate.search_models`): without it, rows added later may move which
     near-threshold pairs among earlier rows are found. ``search_codes`` keeps the survivors' int8
     codes per Lance data file (:mod:`prx_assets.core.curate.search_codes`), so a cut reads the
-    vectors of new data files only; the subset is the same with or without it.
+    vectors of new data files only; the subset is the same with or without it. ``search_pairs``
+    (with both of those) keeps the candidate pairs a cut found, so the next one searches only pairs
+    with a row no earlier cut searched (:mod:`prx_assets.core.curate.search_pairs`); the subset is
+    the same with or without it too.
 
     The candidates stream from one Lance scan (the filters pushed down) in Arrow batches; the rules
     that look at one row at a time (opt-outs, requests, captions) filter each batch as it comes, and
@@ -209,12 +214,16 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
             search_models.last = None  # set again only if this cut files its rows with a model
         if search_codes is not None:
             search_codes.stats = {}  # set again only if this cut reads or computes codes
+        if search_pairs is not None:
+            search_pairs.stats = {}  # set again only if this cut searches with a kept model
         apply("dedup_embedding", embedding_keep(
             ds, embedding_column, _column_at(t, "_rowid", alive), float(threshold), models=search_models,
             addresses=_column_at(t, "_rowaddr", alive) if search_codes is not None else None,
-            search_codes=search_codes))
+            search_codes=search_codes, search_pairs=search_pairs))
         if search_codes is not None and search_codes.stats:
             out.work["search_codes"] = dict(search_codes.stats)
+        if search_pairs is not None and search_pairs.stats:
+            out.work["search_pairs"] = dict(search_pairs.stats)
         if search_models is not None and search_models.last is not None:
             out.lineage["search_model"] = dict(search_models.last)
     kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(np.sort(alive)))
@@ -351,7 +360,7 @@ def sha_keys(sha256: pa.Array) -> pa.FixedSizeBinaryArray:
 
 def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, threshold: float,
                    models: SearchModels | None = None, addresses: np.ndarray | None = None,
-                   search_codes: SearchCodes | None = None) -> np.ndarray:
+                   search_codes: SearchCodes | None = None, search_pairs: KeptPairs | None = None) -> np.ndarray:
     """Greedy embedding dedup of the rows ``row_ids`` in their order (see
     :mod:`prx_assets.core.curate.dedup`); ``models`` keeps the multi-index's trained part.
 
@@ -359,7 +368,8 @@ def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, thr
     compared. Above it only int8 codes of the vectors are held (about 132 bytes a row, 1.3 GB at
     10M: the float32 vectors of 1,152 dimensions would be 46 GB), filled as the vectors stream in,
     or, with ``search_codes`` and the rows' ``addresses``, read from the codes kept per data file
-    (computed for the files not seen before); the candidate pairs' full vectors are taken by row id
+    (computed for the files not seen before), and with ``search_pairs`` too, the candidate pairs
+    found by earlier cuts are taken as found; the candidate pairs' full vectors are taken by row id
     afterwards."""
     row_ids = np.asarray(row_ids, dtype=np.uint64)
     n = len(row_ids)
@@ -414,8 +424,11 @@ def embedding_keep(ds: lance.LanceDataset, column: str, row_ids: np.ndarray, thr
                          put)
         return out
 
+    if kept and search_pairs is not None:
+        search_pairs.bind(ds, column, np.asarray(addresses)[valid], codes_key(mapping))
     later, earlier = projected_pairs(codes[:len(valid)], scale[:len(valid)], ok, threshold, dim, fetch, rng,
-                                     models=models, cells=cells if kept else None)
+                                     models=models, cells=cells if kept else None,
+                                     kept_pairs=search_pairs if kept else None)
     return greedy_keep(n, later, earlier)
 
 
