@@ -416,7 +416,7 @@ def multi_index_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, rn
     returned: with the pairs found earlier among the other rows, the same pairs as a whole search
     (:mod:`prx_assets.core.curate.search_pairs`)."""
     n, dim = codes.shape
-    if n < 2 or dim < 2:
+    if n < 2 or dim < 2 or (new is not None and not new.any()):
         return np.zeros((0, 2), np.int64)
     model_given = model is not None
     if model is None:
