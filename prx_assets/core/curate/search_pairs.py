@@ -49,9 +49,9 @@ def unpack(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class KeptPairs:
-    """A recipe's kept candidate pairs under a data root (see module docs). A cut :meth:`bind` s
-    the rows it searches, asks :meth:`known` what is kept for its model and threshold, and
-    :meth:`keep` s what it found; ``stats`` says what the last cut did (``rows_new``: rows searched
+    """A recipe's kept candidate pairs under a data root (see module docs). A cut names the rows it
+    searches (:meth:`bind`), asks what is kept for its model and threshold (:meth:`known`) and keeps
+    what it found (:meth:`keep`); ``stats`` says what the last cut did (``rows_new``: rows searched
     against every row, ``pairs_kept``: pairs taken as kept, ``pairs_found``: pairs found now,
     ``kept``: whether what it found is kept, by this cut or, when it searched no new row, before)."""
 
@@ -148,8 +148,9 @@ class KeptPairs:
         names = sorted(set(files.values()))
         index = {name: i for i, name in enumerate(names)}
         frag, off = unpack(addresses)
-        file_of = np.array([index[files[f]] if f in files else -1 for f in np.unique(frag).tolist()], dtype=np.int64)
-        file_idx = file_of[np.searchsorted(np.unique(frag), frag)] if len(frag) else np.zeros(0, np.int64)
+        frags = np.unique(frag)
+        file_of = np.array([index[files[f]] if f in files else -1 for f in frags.tolist()], dtype=np.int64)
+        file_idx = file_of[np.searchsorted(frags, frag)] if len(frag) else np.zeros(0, np.int64)
         ok = file_idx >= 0
         keys = pack(np.maximum(file_idx, 0), off)
         pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
