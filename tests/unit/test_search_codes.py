@@ -34,6 +34,19 @@ def _cut(uri: str, root: DataRoot | None, models: SearchModels | None = None) ->
                   search_codes=search_codes(root, "emb") if root is not None else None)
 
 
+def _rewrite(uri: str, fragment: int, vectors: np.ndarray) -> None:
+    """Write ``vectors`` over one fragment's ``emb`` column in place, as the lab sync's
+    ``update_columns`` does (a new data file for the fragment)."""
+    ds = lance.dataset(uri)
+    frag = ds.get_fragment(fragment)
+    rowids = frag.to_table(columns=["image_id"], with_row_id=True).column("_rowid")
+    up = pa.table({"_rowid": rowids, "emb": pa.FixedSizeListArray.from_arrays(
+        pa.array(vectors.ravel().astype(np.float16)), DIM)})
+    meta, fields = frag.update_columns(up)
+    lance.LanceDataset.commit(uri, lance.LanceOperation.Update(updated_fragments=[meta], fields_modified=fields),
+                              read_version=ds.version)
+
+
 def _same(a: Subset, b: Subset) -> None:
     assert a.image_ids == b.image_ids and a.dropped == b.dropped and a.content_hash == b.content_hash
 
@@ -69,15 +82,7 @@ def test_kept_codes_give_the_same_subset_and_follow_the_data_files(tmp_path: Pat
     assert grown.dropped["dedup_embedding"] >= cold.dropped["dedup_embedding"] + 140
 
     # Rewrite fragment 2's vectors in place: every row a near copy of the row before it in fragment 1.
-    ds = lance.dataset(uri)
-    frag = ds.get_fragment(2)
-    rowids = frag.to_table(columns=["image_id"], with_row_id=True).column("_rowid")
-    moved = vecs[1_000:2_000] + 0.001 * vecs[2_000:3_000]
-    up = pa.table({"_rowid": rowids, "emb": pa.FixedSizeListArray.from_arrays(
-        pa.array(moved.ravel().astype(np.float16)), DIM)})
-    meta, fields = frag.update_columns(up)
-    lance.LanceDataset.commit(uri, lance.LanceOperation.Update(updated_fragments=[meta], fields_modified=fields),
-                              read_version=ds.version)
+    _rewrite(uri, 2, vecs[1_000:2_000] + 0.001 * vecs[2_000:3_000])
     rewritten = _cut(uri, root)
     _same(rewritten, _cut(uri, None))
     assert rewritten.dropped["dedup_embedding"] > grown.dropped["dedup_embedding"] + 800  # stale codes would miss these
@@ -256,15 +261,7 @@ def test_kept_pairs_give_the_same_subset_as_a_whole_search(tmp_path: Path, monke
     assert grown.work["search_pairs"]["rows_new"] == 200 and grown.work["search_pairs"]["pairs_found"] >= 150
     assert grown.dropped["dedup_embedding"] >= cold.dropped["dedup_embedding"] + 150  # new rows that copy old ones
 
-    ds = lance.dataset(uri)
-    frag = ds.get_fragment(1)
-    rowids = frag.to_table(columns=["image_id"], with_row_id=True).column("_rowid")
-    moved = vecs[:1_000] + 0.001 * vecs[1_000:2_000]  # fragment 1 rewritten: near copies of fragment 0
-    up = pa.table({"_rowid": rowids, "emb": pa.FixedSizeListArray.from_arrays(
-        pa.array(moved.ravel().astype(np.float16)), DIM)})
-    meta, fields = frag.update_columns(up)
-    lance.LanceDataset.commit(uri, lance.LanceOperation.Update(updated_fragments=[meta], fields_modified=fields),
-                              read_version=ds.version)
+    _rewrite(uri, 1, vecs[:1_000] + 0.001 * vecs[1_000:2_000])  # fragment 1: near copies of fragment 0
     rewritten = cut()
     assert rewritten.work["search_pairs"]["rows_new"] == 1_000
     assert rewritten.dropped["dedup_embedding"] > grown.dropped["dedup_embedding"] + 800

@@ -230,6 +230,12 @@ def compute_fragment(ds: lance.LanceDataset, column: str, fragment_id: int, rows
     return out
 
 
+def _where(ds: lance.LanceDataset, files: dict[int, tuple[str | None, int]], fid: int) -> tuple[str | None, int]:
+    """Fragment ``fid``'s data file for the column (:func:`column_files`) and its rows; a fragment
+    with overlays, left out there, has no file whose codes or cells are kept."""
+    return files[fid] if fid in files else (None, ds.get_fragment(fid).metadata.physical_rows)
+
+
 def _fragment_groups(addresses: np.ndarray) -> tuple[list[int], list[np.ndarray]]:
     """The fragment ids of ``addresses`` (row addresses) and, per fragment, the positions of its rows."""
     frag_ids = (addresses >> np.uint64(32)).astype(np.int64)
@@ -277,9 +283,7 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
     stats = {"kept": 0, "computed": 0, "rows_computed": 0, "pruned": 0}
 
     def where(fid: int) -> tuple[str | None, int]:
-        if fid in files:
-            return files[fid]
-        return None, ds.get_fragment(fid).metadata.physical_rows  # overlays: computed, never kept
+        return _where(ds, files, fid)
 
     def load(fid: int) -> tuple[FragmentCodes | None, str]:
         data_file, rows = where(fid)
@@ -326,7 +330,7 @@ def cells_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
     fids, groups = _fragment_groups(addresses)
 
     def where(fid: int) -> tuple[str | None, int]:
-        return files[fid] if fid in files else (None, ds.get_fragment(fid).metadata.physical_rows)
+        return _where(ds, files, fid)
 
     def load(fid: int) -> np.ndarray | None:
         data_file, rows = where(fid)
