@@ -585,6 +585,7 @@ def child_main(argv: list[str]) -> None:
     elif kind == "curate":  # recipe: min side, captions, exact + pHash + embedding dedup; argv[2]: ids out
         import pyarrow.parquet as pq
 
+        from prx_assets.core.curate.kept_digests import kept_digests
         from prx_assets.core.curate.recipes import Dedup, Recipe
         from prx_assets.core.curate.search_codes import search_codes
         from prx_assets.core.curate.search_models import search_models
@@ -598,6 +599,7 @@ def child_main(argv: list[str]) -> None:
         kept = os.environ.get("PRX_BENCH_SCALE_SEARCH_MODELS", "1") != "0"  # 0: train per cut (curation-1)
         codes = os.environ.get("PRX_BENCH_SCALE_SEARCH_CODES", "1") != "0"  # 0: every vector read per cut
         pairs = os.environ.get("PRX_BENCH_SCALE_SEARCH_PAIRS", "1") != "0"  # 0: every pair searched per cut
+        digests = os.environ.get("PRX_BENCH_SCALE_DIGESTS", "1") != "0"  # 0: every digest hashed per cut
         if os.environ.get("PRX_BENCH_SCALE_SEARCH_CELLS", "1") == "0":  # 0: every row filed in its cells per cut
             from prx_assets.core.curate import dedup
 
@@ -607,10 +609,12 @@ def child_main(argv: list[str]) -> None:
         sub = select(lance.dataset(table_uri(root, "images")), recipe, ["c-1"], embedding_column=column,
                      search_models=search_models(root, recipe, column) if kept else None,
                      search_codes=search_codes(root, column) if codes else None,
-                     search_pairs=search_pairs(root, recipe.name) if pairs else None)
+                     search_pairs=search_pairs(root, recipe.name) if pairs else None,
+                     digests=kept_digests(root) if digests else None)
         result.update(seconds=time.perf_counter() - t, selected=sub.count, dropped=sub.dropped,
                       content_hash=sub.content_hash, search_model=sub.lineage.get("search_model"),
-                      search_codes=sub.work.get("search_codes"), search_pairs=sub.work.get("search_pairs"))
+                      search_codes=sub.work.get("search_codes"), search_pairs=sub.work.get("search_pairs"),
+                      digests=sub.work.get("digests"))
         if len(argv) > 2:
             pq.write_table(sub.selected.select(["image_id"]), argv[2])
     elif kind == "embedding_check":  # the inverted file vs every pair, for sampled query rows

@@ -167,6 +167,24 @@ def search_cells(column: str, key: str, data_file: str, model_id: str, table: in
     return f"{search_codes_dir(column)}/{key}/{data_file}.cells-{model_id}-{table}.npy"
 
 
+#: Candidates' content digests kept per fragment's data files (see :mod:`prx_assets.core.curate.kept_digests`).
+KEPT_DIGESTS_DIR = f"{CURATED_DIR}/_digests"
+
+
+def kept_digests_dir(columns: str) -> str:
+    """The kept content digests over one set of caption columns (``columns``: its folder name)."""
+    return f"{KEPT_DIGESTS_DIR}/{columns}"
+
+
+def kept_digests(columns: str, key: str) -> str:
+    """The kept content digests of one fragment's data files over one set of caption columns.
+
+    >>> kept_digests("caption__c_1", "0a1b2c")
+    'curated/_digests/caption__c_1/0a1b2c.npz'
+    """
+    return f"{kept_digests_dir(columns)}/{key}.npz"
+
+
 def search_pairs(recipe: str, version: int, codes_key: str, model_id: str, threshold: float) -> str:
     """A recipe's kept embedding-dedup candidate pairs (see :mod:`prx_assets.core.curate.search_pairs`):
     one file per file layout ``version``, search codes key, search model and candidate threshold; a

@@ -287,3 +287,16 @@ def test_multi_index_pairs_with_a_new_row_complete_the_pairs_found_among_the_oth
     assert any(new[i] and new[j] for i, j in got) and any(new[i] != new[j] for i, j in got)
     nothing = multi_index_pairs(codes, scale, 0.88, None, model=model, new=np.zeros(len(codes), bool))
     assert len(nothing) == 0
+
+
+@pytest.mark.parametrize("k", [1, 12, 256, 300])
+def test_rows_grouped_by_cell_are_a_stable_sort_with_their_offsets(k: int) -> None:
+    """The multi-index files rows by cell with radix passes (one while the cells fit 16 bits, two,
+    by each half's centroid, past that): the same order as a stable sort of the cells, and offsets
+    that bound each cell's rows."""
+    from prx_assets.core.curate.multi_index import _grouped
+
+    keys = np.random.default_rng(k).integers(0, k * k, 50_000).astype(np.int32)
+    rows, at = _grouped(keys, k)
+    assert np.array_equal(rows, np.argsort(keys, kind="stable"))
+    assert np.array_equal(at, np.searchsorted(keys[rows], np.arange(k * k + 1)))

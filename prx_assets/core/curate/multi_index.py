@@ -152,19 +152,38 @@ def _nearest(x: np.ndarray, cents: np.ndarray, p: int) -> tuple[np.ndarray, np.n
     return idx, val
 
 
-def _packed_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row positions sorted by ``keys`` (< 2**32, ties in row order) and the sorted keys: one
-    in-place sort of ``key << 32 | row`` (numpy's vectorized sort, several times an argsort's speed)."""
-    n = len(keys)
-    packed = keys.astype(np.uint64)  # one 8-byte word a key, worked on in place (no temporaries of n)
-    packed <<= np.uint64(32)
-    for a in range(0, n, ASSIGN_CHUNK):
-        packed[a:a + ASSIGN_CHUNK] |= np.arange(a, min(n, a + ASSIGN_CHUNK), dtype=np.uint64)
-    packed.sort()
-    rows = np.empty(n, dtype=np.int64)
-    np.bitwise_and(packed, np.uint64(0xFFFFFFFF), out=rows, casting="unsafe")
-    packed >>= np.uint64(32)
-    return rows, packed.view(np.int64)
+#: Positions reordered at a time when two radix passes are combined (bounds the temporaries).
+REORDER_CHUNK = 1 << 20
+
+
+def _grouped(keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of ``keys`` (cell ids ``first * k + second``, ``k`` centroids per half) grouped by
+    key, in position order within a key, and each key's start in them (``k * k + 1`` offsets: key
+    ``c`` holds ``rows[at[c]:at[c + 1]]``).
+
+    A stable radix sort on 16-bit digits (numpy's stable sort of ``uint16`` is a radix sort): one
+    pass when every key fits 16 bits, else two passes, by the second centroid then by the first
+    (``k`` stays at most 2**16 up to about 5 * 10**11 rows). About four times as fast as a comparison
+    sort of the keys, and 10 to 18 bytes an entry instead of 16 (an argsort's positions and a
+    digit). The offsets come from counting the keys, not from searching sorted keys.
+
+    >>> rows, at = _grouped(np.array([3, 0, 3, 1], dtype=np.int32), 2)
+    >>> rows.tolist(), at.tolist()
+    ([1, 3, 0, 2], [0, 1, 2, 2, 4])
+    """
+    n_cells = k * k
+    at = np.zeros(n_cells + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=n_cells), out=at[1:])
+    if n_cells <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable"), at
+    if k > 1 << 16:
+        raise SearchModelError(f"a table of {k} centroids per half: at most {1 << 16} are filed (cells of "
+                               f"{CELL_ROWS} rows up to about 5 * 10**11 rows)")
+    rows = np.argsort((keys % k).astype(np.uint16), kind="stable")
+    order = np.argsort((keys[rows] // k).astype(np.uint16), kind="stable")
+    for a in range(0, len(order), REORDER_CHUNK):  # rows[order] in place of order, a chunk at a time
+        order[a:a + REORDER_CHUNK] = rows[order[a:a + REORDER_CHUNK]]
+    return order, at
 
 
 def _per_half(table: TableModel, probes: int) -> int:
@@ -210,16 +229,12 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
     if cells.shape != (len(codes), probe_width(table, probes)):
         raise SearchModelError(f"cells given for {cells.shape[0]} rows x {cells.shape[1]} probes, the table "
                                f"needs {len(codes)} x {probe_width(table, probes)}")
-    n_cells = len(table.first) * len(table.second)
-    home_rows, home_keys = _packed_order(cells[:, 0])
-    home_at = np.searchsorted(home_keys, np.arange(n_cells + 1))
-    del home_keys
+    k = len(table.first)
+    home_rows, home_at = _grouped(cells[:, 0], k)
     width = cells.shape[1] - 1
-    probe_rows, probe_keys = _packed_order(cells[:, 1:].ravel())
+    probe_rows, probe_at = _grouped(cells[:, 1:].ravel(), k)
     del cells
     probe_rows //= max(1, width)
-    probe_at = np.searchsorted(probe_keys, np.arange(n_cells + 1))
-    del probe_keys
     found_i: list[np.ndarray] = []
     found_j: list[np.ndarray] = []
 
@@ -232,10 +247,14 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
         step = max(1, PRODUCT_BLOCK // max(1, len(members)))
         for a in range(0, len(queries), step):
             q = queries[a:a + step]
-            sims = decode_rows(codes[q], scale[q]) @ mv.T
-            rows = np.flatnonzero(sims.max(axis=1) >= threshold)  # most rows have no partner here
+            # the queries' codes times the members, scaled per query afterwards: the same
+            # similarities as decoding the queries first (up to rounding) without scaling every
+            # code, which costs as much as the product when a cell holds one or two new rows
+            sims = codes[q].astype(np.float32) @ mv.T
+            qs = scale[q]
+            rows = np.flatnonzero(sims.max(axis=1) * qs >= threshold)  # most rows have no partner here
             if len(rows):
-                qi, mi = np.nonzero(sims[rows] >= threshold)
+                qi, mi = np.nonzero(sims[rows] * qs[rows, None] >= threshold)
                 keep(q[rows[qi]], members[mi])
 
     for c in np.flatnonzero(np.diff(home_at)):

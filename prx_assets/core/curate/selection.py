@@ -37,6 +37,7 @@ from prx_assets.core.curate.dedup import (
     search_map,
 )
 from prx_assets.core.curate.digests import content_hash_of, digests_of
+from prx_assets.core.curate.kept_digests import DigestLookup, KeptDigests
 from prx_assets.core.curate.multi_index import SearchModel, SearchModels, probe_width
 from prx_assets.core.curate.optout import OptOutRequest
 from prx_assets.core.curate.recipes import Recipe
@@ -144,7 +145,7 @@ SCAN_ABOVE_SHARE = 0.25
 def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence[str] = (),
            embedding_column: str | None = None, optouts: Sequence[OptOutRequest] = (),
            search_models: SearchModels | None = None, search_codes: SearchCodes | None = None,
-           search_pairs: KeptPairs | None = None) -> Subset:
+           search_pairs: KeptPairs | None = None, digests: KeptDigests | None = None) -> Subset:
     """Run ``recipe`` on the lab version ``ds`` (see module docs); ``optouts`` (recorded requests)
     apply to every recipe, each with its own drop count in ``Subset.optout_dropped``.
     ``search_models`` keeps embedding dedup's trained multi-index between cuts (see
@@ -154,7 +155,9 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     vectors of new data files only; the subset is the same with or without it. ``search_pairs``
     (with both of those) keeps the candidate pairs a cut found, so the next one searches only pairs
     with a row no earlier cut searched (:mod:`prx_assets.core.curate.search_pairs`); the subset is
-    the same with or without it too.
+    the same with or without it too. ``digests`` keeps the candidates' content digests and caption
+    flags per fragment's data files (:mod:`prx_assets.core.curate.kept_digests`), so a cut reads
+    neither caption texts nor ``ingest_config``; the subset is the same with or without it.
 
     The candidates stream from one Lance scan (the filters pushed down) in Arrow batches; the rules
     that look at one row at a time (opt-outs, requests, captions) filter each batch as it comes, and
@@ -181,7 +184,10 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
                             "and lance_table first")
     where = " AND ".join(clauses) or None
     rules = _row_rules(recipe, optouts, out.caption_columns)
-    t, removed = candidates(ds, where, out.caption_columns, batch_rows=SCAN_ROWS, rules=[rule for _, rule in rules])
+    t, removed = candidates(ds, where, out.caption_columns, batch_rows=SCAN_ROWS, rules=[rule for _, rule in rules],
+                            digests=digests)
+    if digests is not None:
+        out.work["digests"] = dict(digests.stats)
     for (name, _), n in zip(rules, removed, strict=True):  # requests come before no_caption
         if name.startswith("request:"):
             out.optout_dropped[name.removeprefix("request:")] = n
@@ -275,6 +281,8 @@ def _row_rules(recipe: Recipe, optouts: Sequence[OptOutRequest],
         cols = list(caption_columns)
 
         def has_caption(batch: pa.RecordBatch) -> pa.Array:
+            if "_has_caption" in batch.schema.names:  # read from the kept digests (see candidates)
+                return batch.column("_has_caption")
             has = [pc.fill_null(pc.not_equal(batch.column(c), ""), False) for c in cols]
             return functools.reduce(pc.or_, has)
         rules.append(("no_caption", has_caption))
@@ -282,7 +290,8 @@ def _row_rules(recipe: Recipe, optouts: Sequence[OptOutRequest],
 
 
 def candidates(ds: lance.LanceDataset, where: str | None, caption_columns: Sequence[str],
-               batch_rows: int = SCAN_ROWS, rules: Sequence[RowRule] = ()) -> tuple[pa.Table, list[int]]:
+               batch_rows: int = SCAN_ROWS, rules: Sequence[RowRule] = (),
+               digests: KeptDigests | None = None) -> tuple[pa.Table, list[int]]:
     """The rows ``where`` selects that every one of ``rules`` keeps (applied per batch, in order),
     as the compact table dedup runs on, and how many rows each rule removed.
 
@@ -291,33 +300,53 @@ def candidates(ds: lance.LanceDataset, where: str | None, caption_columns: Seque
     ``_rowaddr`` (the row's fragment and offset).
     Streamed from one scan a batch at a time: the caption texts are hashed into the digest, and the
     URIs and captions the rules read are dropped with their batch: what is held is these columns,
-    about 93 bytes a row plus the id."""
-    cols = ["image_id", "uri", "sha256", "ingest_config", "phash", "width", "height", "aspect_bucket",
-            *caption_columns]
+    about 93 bytes a row plus the id. With ``digests`` the digests and caption flags are read from
+    the kept ones (computed for fragments not seen before), so neither caption texts nor
+    ``ingest_config`` are read (``_has_caption`` in the batch for the ``no_caption`` rule)."""
+    cols = ["image_id", "uri", "sha256", "phash", "width", "height", "aspect_bucket"]
+    if digests is None:
+        cols += ["ingest_config", *caption_columns]
+    lookup = digests.bind(ds, caption_columns) if digests is not None else None
     removed = [0] * len(rules)
     parts = []
-    for batch in ds.scanner(columns=cols, filter=where, with_row_id=True, with_row_address=True,
-                            batch_size=batch_rows).to_batches():
-        for k, rule in enumerate(rules):
-            if not batch.num_rows:
-                break
-            before = batch.num_rows
-            batch = batch.filter(rule(batch))
-            removed[k] += before - batch.num_rows
-        if not batch.num_rows:
-            continue
-        part = pa.table({
-            "image_id": batch.column("image_id"), "_sha": sha_keys(batch.column("sha256")),
-            "phash": batch.column("phash"),
-            "_area": pc.multiply(pc.cast(batch.column("width"), pa.int64()), pc.cast(batch.column("height"), pa.int64())),
-            "aspect_bucket": batch.column("aspect_bucket"), "digest": digests_of(batch, caption_columns),
-            "_rowid": batch.column("_rowid"), "_rowaddr": batch.column("_rowaddr")})
-        parts.append(part)
+    try:
+        for batch in ds.scanner(columns=cols, filter=where, with_row_id=True, with_row_address=True,
+                                batch_size=batch_rows).to_batches():
+            part = _candidate_part(batch, rules, removed, caption_columns, lookup)
+            if part is not None:
+                parts.append(part)
+    finally:
+        if lookup is not None:
+            lookup.close()
     if not parts:
         return pa.schema({"image_id": pa.string(), "_sha": pa.binary(32), "phash": pa.uint64(), "_area": pa.int64(),
                           "aspect_bucket": pa.string(), "digest": pa.string(), "_rowid": pa.uint64(),
                           "_rowaddr": pa.uint64()}).empty_table(), removed
     return pa.concat_tables(parts), removed
+
+
+def _candidate_part(batch: pa.RecordBatch, rules: Sequence[RowRule], removed: list[int],
+                    caption_columns: Sequence[str], lookup: DigestLookup | None) -> pa.Table | None:
+    """One scanned batch through ``rules`` (counting into ``removed``) as :func:`candidates`' columns,
+    or ``None`` when no row is left."""
+    if lookup is not None:
+        digest, has = lookup.lookup(batch.column("_rowaddr").to_numpy())
+        batch = batch.append_column("_digest", digest).append_column("_has_caption", has)
+    for k, rule in enumerate(rules):
+        if not batch.num_rows:
+            break
+        before = batch.num_rows
+        batch = batch.filter(rule(batch))
+        removed[k] += before - batch.num_rows
+    if not batch.num_rows:
+        return None
+    return pa.table({
+        "image_id": batch.column("image_id"), "_sha": sha_keys(batch.column("sha256")),
+        "phash": batch.column("phash"),
+        "_area": pc.multiply(pc.cast(batch.column("width"), pa.int64()), pc.cast(batch.column("height"), pa.int64())),
+        "aspect_bucket": batch.column("aspect_bucket"),
+        "digest": batch.column("_digest") if lookup is not None else digests_of(batch, caption_columns),
+        "_rowid": batch.column("_rowid"), "_rowaddr": batch.column("_rowaddr")})
 
 
 #: Lowercase hex digit values (255: not one).
