@@ -837,6 +837,7 @@ def embedding_churn(big: str, tmp: Path) -> dict[str, Any]:
 #: The sides of :func:`recut_rounds`, and the child environment of each.
 RECUT_SIDES: dict[str, dict[str, str] | None] = {
     "kept_codes": None,  # curation's default: codes and cells kept per data file, candidate pairs per recipe
+    "kept_no_digests": {"PRX_BENCH_SCALE_DIGESTS": "0"},  # every candidate's content digest hashed again
     "kept_codes_no_pairs": {"PRX_BENCH_SCALE_SEARCH_PAIRS": "0"},  # every pair searched again
     "kept_codes_no_cells": {"PRX_BENCH_SCALE_SEARCH_CELLS": "0", "PRX_BENCH_SCALE_SEARCH_PAIRS": "0"},  # and filed
     "every_vector": {"PRX_BENCH_SCALE_SEARCH_CODES": "0", "PRX_BENCH_SCALE_SEARCH_PAIRS": "0"},  # and read
@@ -844,8 +845,9 @@ RECUT_SIDES: dict[str, dict[str, str] | None] = {
 
 
 def recut_rounds(big: str, tmp: Path) -> dict[str, Any]:
-    """A re-cut of the bench recipe with the search codes and cells kept per data file and the
-    candidate pairs kept (curation's default) against one that searches every pair again
+    """A re-cut of the bench recipe with the content digests, the search codes and cells kept per
+    data file and the candidate pairs kept (curation's default) against one that hashes every
+    candidate's digest again (``PRX_BENCH_SCALE_DIGESTS=0``), one that searches every pair again
     (``PRX_BENCH_SCALE_SEARCH_PAIRS=0``), one that also files every row in its cells again
     (``PRX_BENCH_SCALE_SEARCH_CELLS=0``) and one that also reads every survivor's vector
     (``PRX_BENCH_SCALE_SEARCH_CODES=0``), the order of the sides rotated each of ``ROUNDS`` rounds
@@ -859,13 +861,16 @@ def recut_rounds(big: str, tmp: Path) -> dict[str, Any]:
     return {"kept_codes_seconds": round(med["kept_codes"], 2), "every_vector_seconds": round(med["every_vector"], 2),
             "kept_codes_no_pairs_seconds": round(med["kept_codes_no_pairs"], 2),
             "kept_codes_no_cells_seconds": round(med["kept_codes_no_cells"], 2),
+            "kept_no_digests_seconds": round(med["kept_no_digests"], 2),
             "share": round(med["kept_codes"] / med["every_vector"], 3),
             "pairs_share": round(med["kept_codes"] / med["kept_codes_no_pairs"], 3),
             "cells_share": round(med["kept_codes_no_pairs"] / med["kept_codes_no_cells"], 3),
+            "digests_share": round(med["kept_codes"] / med["kept_no_digests"], 3),
             **{f"{k}_peak_gb": round(max(r["peak_gb"] for r in v), 2) for k, v in sides.items()},
             "same_subset": len({r["content_hash"] for v in sides.values() for r in v}) == 1,
             "search_codes": sides["kept_codes"][-1].get("search_codes"),
             "search_pairs": sides["kept_codes"][-1].get("search_pairs"),
+            "digests": sides["kept_codes"][-1].get("digests"),
             "spread": {k: [round(r["seconds"], 2) for r in v] for k, v in sides.items()}}
 
 
