@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.digests import digests_of
-from prx_assets.core.curate.search_codes import READ_AHEAD, _fragment_groups, column_files
+from prx_assets.core.curate.search_codes import READ_AHEAD, column_files, fragment_groups
 from prx_assets.errors import PrxError
 
 #: Bump when what a kept digest holds changes (the digest's definition, the fields of the file).
@@ -294,7 +294,7 @@ class DigestLookup:
         digest = np.empty((len(addresses), 8), dtype=np.uint8)
         has = np.empty(len(addresses), dtype=bool)
         if len(addresses):
-            fids, groups = _fragment_groups(addresses)
+            fids, groups = fragment_groups(addresses)
             for fid, positions in zip(fids, groups, strict=True):
                 offsets = (addresses[positions] & _OFFSET_MASK).astype(np.int64)
                 got = self._fragment(fid, offsets)

@@ -236,7 +236,7 @@ def _where(ds: lance.LanceDataset, files: dict[int, tuple[str | None, int]], fid
     return files[fid] if fid in files else (None, ds.get_fragment(fid).metadata.physical_rows)
 
 
-def _fragment_groups(addresses: np.ndarray) -> tuple[list[int], list[np.ndarray]]:
+def fragment_groups(addresses: np.ndarray) -> tuple[list[int], list[np.ndarray]]:
     """The fragment ids of ``addresses`` (row addresses) and, per fragment, the positions of its rows."""
     frag_ids = (addresses >> np.uint64(32)).astype(np.int64)
     order = np.argsort(frag_ids, kind="stable")
@@ -279,7 +279,7 @@ def codes_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
     key = codes_key(mapping)
     width = mapping.shape[1]
     files = column_files(ds, column)
-    fids, groups = _fragment_groups(addresses)
+    fids, groups = fragment_groups(addresses)
     stats = {"kept": 0, "computed": 0, "rows_computed": 0, "pruned": 0}
 
     def where(fid: int) -> tuple[str | None, int]:
@@ -327,7 +327,7 @@ def cells_by_address(ds: lance.LanceDataset, column: str, addresses: np.ndarray,
     width = probe_width(model.tables[table])
     n_cells = len(model.tables[table].first) * len(model.tables[table].second)
     files = column_files(ds, column)
-    fids, groups = _fragment_groups(addresses)
+    fids, groups = fragment_groups(addresses)
 
     def where(fid: int) -> tuple[str | None, int]:
         return _where(ds, files, fid)
