@@ -586,6 +586,7 @@ def child_main(argv: list[str]) -> None:
         import pyarrow.parquet as pq
 
         from prx_assets.core.curate.kept_digests import kept_digests
+        from prx_assets.core.curate.phash_pairs import phash_pairs_kept
         from prx_assets.core.curate.recipes import Dedup, Recipe
         from prx_assets.core.curate.search_codes import search_codes
         from prx_assets.core.curate.search_models import search_models
@@ -600,6 +601,7 @@ def child_main(argv: list[str]) -> None:
         codes = os.environ.get("PRX_BENCH_SCALE_SEARCH_CODES", "1") != "0"  # 0: every vector read per cut
         pairs = os.environ.get("PRX_BENCH_SCALE_SEARCH_PAIRS", "1") != "0"  # 0: every pair searched per cut
         digests = os.environ.get("PRX_BENCH_SCALE_DIGESTS", "1") != "0"  # 0: every digest hashed per cut
+        phash = os.environ.get("PRX_BENCH_SCALE_PHASH_PAIRS", "1") != "0"  # 0: every pHash pair searched per cut
         if os.environ.get("PRX_BENCH_SCALE_SEARCH_CELLS", "1") == "0":  # 0: every row filed in its cells per cut
             from prx_assets.core.curate import dedup
 
@@ -610,11 +612,12 @@ def child_main(argv: list[str]) -> None:
                      search_models=search_models(root, recipe, column) if kept else None,
                      search_codes=search_codes(root, column) if codes else None,
                      search_pairs=search_pairs(root, recipe.name) if pairs else None,
-                     digests=kept_digests(root) if digests else None)
+                     digests=kept_digests(root) if digests else None,
+                     phash_pairs=phash_pairs_kept(root, recipe.name) if phash else None)
         result.update(seconds=time.perf_counter() - t, selected=sub.count, dropped=sub.dropped,
                       content_hash=sub.content_hash, search_model=sub.lineage.get("search_model"),
                       search_codes=sub.work.get("search_codes"), search_pairs=sub.work.get("search_pairs"),
-                      digests=sub.work.get("digests"))
+                      digests=sub.work.get("digests"), phash_pairs=sub.work.get("phash_pairs"))
         if len(argv) > 2:
             pq.write_table(sub.selected.select(["image_id"]), argv[2])
     elif kind == "embedding_check":  # the inverted file vs every pair, for sampled query rows
@@ -838,6 +841,7 @@ def embedding_churn(big: str, tmp: Path) -> dict[str, Any]:
 RECUT_SIDES: dict[str, dict[str, str] | None] = {
     "kept_codes": None,  # curation's default: codes and cells kept per data file, candidate pairs per recipe
     "kept_no_digests": {"PRX_BENCH_SCALE_DIGESTS": "0"},  # every candidate's content digest hashed again
+    "kept_no_phash_pairs": {"PRX_BENCH_SCALE_PHASH_PAIRS": "0"},  # every pHash pair searched again
     "kept_codes_no_pairs": {"PRX_BENCH_SCALE_SEARCH_PAIRS": "0"},  # every pair searched again
     "kept_codes_no_cells": {"PRX_BENCH_SCALE_SEARCH_CELLS": "0", "PRX_BENCH_SCALE_SEARCH_PAIRS": "0"},  # and filed
     "every_vector": {"PRX_BENCH_SCALE_SEARCH_CODES": "0", "PRX_BENCH_SCALE_SEARCH_PAIRS": "0"},  # and read
@@ -847,7 +851,8 @@ RECUT_SIDES: dict[str, dict[str, str] | None] = {
 def recut_rounds(big: str, tmp: Path) -> dict[str, Any]:
     """A re-cut of the bench recipe with the content digests, the search codes and cells kept per
     data file and the candidate pairs kept (curation's default) against one that hashes every
-    candidate's digest again (``PRX_BENCH_SCALE_DIGESTS=0``), one that searches every pair again
+    candidate's digest again (``PRX_BENCH_SCALE_DIGESTS=0``), one that searches every pHash pair
+    again (``PRX_BENCH_SCALE_PHASH_PAIRS=0``), one that searches every pair again
     (``PRX_BENCH_SCALE_SEARCH_PAIRS=0``), one that also files every row in its cells again
     (``PRX_BENCH_SCALE_SEARCH_CELLS=0``) and one that also reads every survivor's vector
     (``PRX_BENCH_SCALE_SEARCH_CODES=0``), the order of the sides rotated each of ``ROUNDS`` rounds
@@ -862,15 +867,18 @@ def recut_rounds(big: str, tmp: Path) -> dict[str, Any]:
             "kept_codes_no_pairs_seconds": round(med["kept_codes_no_pairs"], 2),
             "kept_codes_no_cells_seconds": round(med["kept_codes_no_cells"], 2),
             "kept_no_digests_seconds": round(med["kept_no_digests"], 2),
+            "kept_no_phash_pairs_seconds": round(med["kept_no_phash_pairs"], 2),
             "share": round(med["kept_codes"] / med["every_vector"], 3),
             "pairs_share": round(med["kept_codes"] / med["kept_codes_no_pairs"], 3),
             "cells_share": round(med["kept_codes_no_pairs"] / med["kept_codes_no_cells"], 3),
             "digests_share": round(med["kept_codes"] / med["kept_no_digests"], 3),
+            "phash_share": round(med["kept_codes"] / med["kept_no_phash_pairs"], 3),
             **{f"{k}_peak_gb": round(max(r["peak_gb"] for r in v), 2) for k, v in sides.items()},
             "same_subset": len({r["content_hash"] for v in sides.values() for r in v}) == 1,
             "search_codes": sides["kept_codes"][-1].get("search_codes"),
             "search_pairs": sides["kept_codes"][-1].get("search_pairs"),
             "digests": sides["kept_codes"][-1].get("digests"),
+            "phash_pairs": sides["kept_codes"][-1].get("phash_pairs"),
             "spread": {k: [round(r["seconds"], 2) for r in v] for k, v in sides.items()}}
 
 

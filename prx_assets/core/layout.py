@@ -167,6 +167,16 @@ def search_cells(column: str, key: str, data_file: str, model_id: str, table: in
     return f"{search_codes_dir(column)}/{key}/{data_file}.cells-{model_id}-{table}.npy"
 
 
+def phash_pairs(recipe: str, version: int, distance: int) -> str:
+    """A recipe's kept pHash dedup pairs at one distance (see :mod:`prx_assets.core.curate.phash_pairs`),
+    beside its search model and pairs; a cut keeps only its own.
+
+    >>> phash_pairs("r", 1, 4)
+    'curated/r/_search/phash-v1-d4.npz'
+    """
+    return f"{CURATED_DIR}/{recipe}/_search/phash-v{version}-d{distance}.npz"
+
+
 #: Candidates' content digests kept per fragment's data files (see :mod:`prx_assets.core.curate.kept_digests`).
 KEPT_DIGESTS_DIR = f"{CURATED_DIR}/_digests"
 

@@ -5,6 +5,7 @@ from pydantic import Field
 
 from prx_assets.core.curate.kept_digests import kept_digests
 from prx_assets.core.curate.optout import load_requests, registry_version
+from prx_assets.core.curate.phash_pairs import phash_pairs_kept
 from prx_assets.core.curate.search_codes import search_codes
 from prx_assets.core.curate.search_models import search_models
 from prx_assets.core.curate.search_pairs import search_pairs
@@ -87,7 +88,7 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
                     optouts=optouts, search_models=search_models(root, recipe, emb_col) if emb_col else None,
                     search_codes=search_codes(root, emb_col) if emb_col else None,
                     search_pairs=search_pairs(root, recipe.name) if emb_col else None,
-                    digests=kept_digests(root))
+                    digests=kept_digests(root), phash_pairs=phash_pairs_kept(root, recipe.name))
     stored = write_subset(root, ds, recipe, subset)
     context.log.info(f"{recipe.name}: {subset.count} of {subset.total} images at Lance version "
                      f"{subset.version}; dropped {subset.dropped}")
@@ -117,6 +118,8 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
             **({"search_pairs": dg.MetadataValue.json(subset.work["search_pairs"])}
                if "search_pairs" in subset.work else {}),
             **({"digests": dg.MetadataValue.json(subset.work["digests"])} if "digests" in subset.work else {}),
+            **({"phash_pairs": dg.MetadataValue.json(subset.work["phash_pairs"])}
+               if "phash_pairs" in subset.work else {}),
             **subset_pictures(ds, subset.selected.column("image_id"), subset.caption_columns[0] if subset.caption_columns else None,
                               subset.buckets, subset.dropped),
             "candidates": subset.total,

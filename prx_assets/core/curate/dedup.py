@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,7 @@ from prx_assets.core.curate.multi_index import (
 )
 
 if TYPE_CHECKING:
+    from prx_assets.core.curate.phash_pairs import KeptPhashPairs
     from prx_assets.core.curate.search_pairs import KeptPairs
 
 #: Items whose probes are expanded at a time (multi-index hashing).
@@ -115,23 +116,31 @@ def phash_blocks(distance: int, n: int, max_tables: int = PHASH_MAX_TABLES) -> i
     return best[1] if best[0] <= mih else None
 
 
-def _block_pairs(h: np.ndarray, distance: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair within ``distance`` bits by the block method (see module docs), ``(later, earlier)``
-    with repeats (a pair that agrees on several block choices is found in each)."""
-    n = len(h)
+def _block_keys(h: np.ndarray, distance: int, blocks: int) -> Iterator[np.ndarray]:
+    """For each of the block method's tables (a choice of ``blocks - distance`` of ``blocks`` blocks of
+    the 64 bits), every hash's key there: the chosen blocks' bits, at most 32 of them (the top 32
+    of a longer key), as uint64. Two hashes within ``distance`` bits share the key in some table."""
     widths = [64 // blocks + (1 if i < 64 % blocks else 0) for i in range(blocks)]
     shifts = [sum(widths[:i]) for i in range(blocks)]
-    found_i: list[np.ndarray] = []
-    found_j: list[np.ndarray] = []
-    rows = np.arange(n, dtype=np.uint64)
     for clean in itertools.combinations(range(blocks), blocks - distance):
-        key = np.zeros(n, dtype=np.uint64)
+        key = np.zeros(len(h), dtype=np.uint64)
         at = 0
         for b in clean:
             key |= ((h >> np.uint64(shifts[b])) & np.uint64((1 << widths[b]) - 1)) << np.uint64(at)
             at += widths[b]
-        if at > 32:  # the key and the row share one 64-bit word below; keep its top 32 bits
+        if at > 32:  # the key and the row share one 64-bit word in _block_pairs; keep its top 32 bits
             key >>= np.uint64(at - 32)
+        yield key
+
+
+def _block_pairs(h: np.ndarray, distance: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair within ``distance`` bits by the block method (see module docs), ``(later, earlier)``
+    with repeats (a pair that agrees on several block choices is found in each)."""
+    n = len(h)
+    found_i: list[np.ndarray] = []
+    found_j: list[np.ndarray] = []
+    rows = np.arange(n, dtype=np.uint64)
+    for key in _block_keys(h, distance, blocks):
         packed = (key << np.uint64(32)) | rows
         del key
         packed.sort()  # by key, then row: numpy's vectorized sort, several times an argsort's speed
@@ -193,35 +202,90 @@ def _mih_pairs(h: np.ndarray, distance: int, chunk: int) -> tuple[np.ndarray, np
     return np.concatenate(found_i), np.concatenate(found_j)
 
 
-def phash_pairs(hashes: np.ndarray, distance: int, chunk: int = PHASH_CHUNK) -> tuple[np.ndarray, np.ndarray]:
+def _new_block_pairs(h: np.ndarray, distance: int, blocks: int, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair within ``distance`` bits with at least one ``new`` hash, by the block method's
+    tables: per table, every hash is looked up among the new hashes' keys (sorted, a few), so the work
+    is a pass over the hashes per table and the pairs of each with the new hashes of its key, not a
+    sort of every key. ``(later, earlier)`` with repeats."""
+    fresh = np.flatnonzero(new)
+    found_i: list[np.ndarray] = []
+    found_j: list[np.ndarray] = []
+    for key in _block_keys(h, distance, blocks):
+        order = np.argsort(key[fresh], kind="stable")
+        fresh_keys = key[fresh][order]
+        lo = np.searchsorted(fresh_keys, key, side="left")
+        hi = np.searchsorted(fresh_keys, key, side="right")
+        del key
+        rows = np.flatnonzero(hi > lo)
+        counts = hi[rows] - lo[rows]
+        i = np.repeat(rows, counts)
+        starts = np.repeat(lo[rows] - np.cumsum(counts) + counts, counts)
+        j = fresh[order[starts + np.arange(len(i))]]
+        near = (i != j) & (np.bitwise_count(h[i] ^ h[j]) <= distance)
+        i, j = i[near], j[near]
+        found_i.append(np.maximum(i, j))
+        found_j.append(np.minimum(i, j))
+    if not found_i:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(found_i), np.concatenate(found_j)
+
+
+def phash_pairs(hashes: np.ndarray, distance: int, chunk: int = PHASH_CHUNK,
+                new: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every pair ``(i, j)``, ``j < i``, with ``hashes[i]`` and ``hashes[j]`` within ``distance`` bits
-    (each pair once, sorted), by the block method or multi-index hashing (see module docs)."""
+    (each pair once, sorted), by the block method or multi-index hashing (see module docs); with
+    ``new`` (a mask of the hashes) only the pairs with at least one new hash."""
     h = np.asarray(hashes, dtype=np.uint64)
+    if new is not None and not new.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     blocks = phash_blocks(distance, len(h))
-    later, earlier = _block_pairs(h, distance, blocks) if blocks else _mih_pairs(h, distance, chunk)
+    if new is not None and blocks:
+        later, earlier = _new_block_pairs(h, distance, blocks, new)
+    else:
+        later, earlier = _block_pairs(h, distance, blocks) if blocks else _mih_pairs(h, distance, chunk)
+        if new is not None:  # multi-index hashing (large distances, few hashes): every pair, then those
+            with_new = new[later] | new[earlier]
+            later, earlier = later[with_new], earlier[with_new]
     return unique_pairs(later, earlier)
 
 
 
 
 def near_duplicates_phash(hashes: Sequence[int] | np.ndarray, distance: int) -> list[bool]:
-    """Greedy in the given order: keep an item unless it is within ``distance`` bits of a kept one.
-
-    Items with the same hash share their fate (after the first, each is within distance 0 of it,
-    or of whatever dropped it), so the pairs are found among distinct hashes only.
+    """Greedy in the given order: keep an item unless it is within ``distance`` bits of a kept one
+    (:func:`phash_keep` as a list, for small inputs and tests).
 
     >>> near_duplicates_phash([0b1111, 0b1110, 0xFFFF << 40, 0b1111], 1)
     [True, False, True, False]
     """
     h = np.asarray(hashes, dtype=np.uint64) if len(hashes) else np.zeros(0, np.uint64)
+    return phash_keep(h, distance).tolist()
+
+
+def phash_keep(hashes: np.ndarray, distance: int, kept: KeptPhashPairs | None = None,
+               keep_found: bool = False) -> np.ndarray:
+    """Greedy in the given order: ``True`` for each item not within ``distance`` bits of a kept one.
+
+    Items with the same hash share their fate (after the first, each is within distance 0 of it,
+    or of whatever dropped it), so the pairs are found among distinct hashes only. Which distinct
+    hashes pair is decided by the two hashes alone, so with ``kept`` (a recipe's kept pairs, see
+    :mod:`prx_assets.core.curate.phash_pairs`) the pairs among hashes an earlier cut searched are
+    taken as kept and only the pairs with a hash it did not see are searched; ``keep_found`` keeps
+    this cut's (a cut of the table's latest version)."""
+    h = np.asarray(hashes, dtype=np.uint64)
     first = first_occurrences(h)
     if distance <= 0 or not len(h):
-        return first.tolist()
+        return first
     distinct = np.flatnonzero(first)
-    later, earlier = phash_pairs(h[distinct], min(int(distance), 64))
+    values = h[distinct]
+    distance = min(int(distance), 64)
+    if kept is None:
+        later, earlier = phash_pairs(values, distance)
+    else:
+        later, earlier = kept.pairs(values, distance, keep_found)
     keep = np.zeros(len(h), dtype=bool)
     keep[distinct] = greedy_keep(len(distinct), later, earlier)
-    return keep.tolist()
+    return keep
 
 
 def greedy_keep(n: int, later: np.ndarray, earlier: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ from prx_assets.core.curate.dedup import (
     first_occurrences,
     greedy_keep,
     near_duplicates_embedding,
-    near_duplicates_phash,
+    phash_keep,
     projected_pairs,
     search_map,
 )
@@ -40,6 +40,7 @@ from prx_assets.core.curate.digests import content_hash_of, digests_of
 from prx_assets.core.curate.kept_digests import DigestLookup, KeptDigests
 from prx_assets.core.curate.multi_index import SearchModel, SearchModels, probe_width
 from prx_assets.core.curate.optout import OptOutRequest
+from prx_assets.core.curate.phash_pairs import KeptPhashPairs
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.curate.search_codes import SearchCodes, cells_by_address, codes_by_address, codes_key
 from prx_assets.core.curate.search_pairs import KeptPairs
@@ -145,7 +146,8 @@ SCAN_ABOVE_SHARE = 0.25
 def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence[str] = (),
            embedding_column: str | None = None, optouts: Sequence[OptOutRequest] = (),
            search_models: SearchModels | None = None, search_codes: SearchCodes | None = None,
-           search_pairs: KeptPairs | None = None, digests: KeptDigests | None = None) -> Subset:
+           search_pairs: KeptPairs | None = None, digests: KeptDigests | None = None,
+           phash_pairs: KeptPhashPairs | None = None) -> Subset:
     """Run ``recipe`` on the lab version ``ds`` (see module docs); ``optouts`` (recorded requests)
     apply to every recipe, each with its own drop count in ``Subset.optout_dropped``.
     ``search_models`` keeps embedding dedup's trained multi-index between cuts (see
@@ -157,7 +159,9 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     with a row no earlier cut searched (:mod:`prx_assets.core.curate.search_pairs`); the subset is
     the same with or without it too. ``digests`` keeps the candidates' content digests and caption
     flags per fragment's data files (:mod:`prx_assets.core.curate.kept_digests`), so a cut reads
-    neither caption texts nor ``ingest_config``; the subset is the same with or without it.
+    neither caption texts nor ``ingest_config``; ``phash_pairs`` keeps pHash dedup's pairs between
+    the recipe's cuts (:mod:`prx_assets.core.curate.phash_pairs`). The subset is the same with or
+    without either.
 
     The candidates stream from one Lance scan (the filters pushed down) in Arrow batches; the rules
     that look at one row at a time (opt-outs, requests, captions) filter each batch as it comes, and
@@ -213,8 +217,13 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         apply("dedup_exact", first_occurrences(sha.dictionary_encode().indices.to_numpy()))
         del sha
     if recipe.dedup.phash_distance is not None:
-        apply("dedup_phash", near_duplicates_phash(_column_at(t, "phash", alive).astype(np.uint64),
-                                                   int(recipe.dedup.phash_distance)))
+        if phash_pairs is not None:
+            phash_pairs.stats = {}  # set again only if this cut searches pairs
+        apply("dedup_phash", phash_keep(_column_at(t, "phash", alive).astype(np.uint64),
+                                        int(recipe.dedup.phash_distance), kept=phash_pairs,
+                                        keep_found=ds.version == ds.latest_version))
+        if phash_pairs is not None and phash_pairs.stats:
+            out.work["phash_pairs"] = dict(phash_pairs.stats)
     if threshold is not None and embedding_column is not None:
         if search_models is not None:
             search_models.last = None  # set again only if this cut files its rows with a model
