@@ -12,6 +12,7 @@ import pytest
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.kept_digests import KeptDigestsError, bytes_to_hex, hex_to_bytes, kept_digests
+from prx_assets.core.curate.phash_pairs import phash_pairs_kept
 from prx_assets.core.curate.recipes import Dedup, Recipe
 from prx_assets.core.curate.selection import Subset, select
 
@@ -44,7 +45,9 @@ def _lab(uri: str, first: int, n: int, mode: str = "create", **kw: object) -> No
 
 
 def _cut(ds: lance.LanceDataset, root: DataRoot | None, recipe: Recipe = RECIPE) -> Subset:
-    return select(ds, recipe, ["c-1"], digests=kept_digests(root) if root is not None else None)
+    """A cut with the digests and pHash pairs kept under ``root`` (``None``: nothing kept)."""
+    return select(ds, recipe, ["c-1"], digests=kept_digests(root) if root is not None else None,
+                  phash_pairs=phash_pairs_kept(root, recipe.name) if root is not None else None)
 
 
 def _same(a: Subset, b: Subset) -> None:
@@ -156,8 +159,8 @@ def test_digests_of_dropped_caption_columns_are_deleted(tmp_path: Path) -> None:
 
 
 def test_kept_digests_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str]) -> None:
-    """The lab and the kept digests on the moto S3 endpoint: kept, read back ahead of the scan, deleted
-    with their data files."""
+    """The lab, the kept digests and pHash pairs on the moto S3 endpoint: kept, read back (the digests
+    ahead of the scan), the digests deleted with their data files."""
     root = DataRoot(f"s3://{s3_env['BUCKET']}/data")
     uri = root.join("lance/lab.lance")
     _lab(uri, 0, 1_500, storage_options=root.storage_options())
@@ -171,6 +174,8 @@ def test_kept_digests_on_an_s3_data_root(tmp_path: Path, s3_env: dict[str, str])
     again = _cut(ds(), root)
     _same(again, first)
     assert again.work["digests"] == {"kept": 3, "computed": 0, "rows_computed": 0, "pruned": 0}
+    assert first.work["phash_pairs"]["hashes_new"] > 1_000 and again.work["phash_pairs"]["hashes_new"] == 0
+    assert root.list(layout.phash_pairs("r", 1, 2).rpartition("/")[0]) == [layout.phash_pairs("r", 1, 2)]
     ds().optimize.compact_files(target_rows_per_fragment=10_000)
     compacted = _cut(ds(), root)
     _same(compacted, first)
