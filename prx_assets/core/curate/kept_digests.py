@@ -301,12 +301,13 @@ class DigestLookup:
                 digest[positions], has[positions] = got.digest[offsets], got.has_caption[offsets]
         return bytes_to_hex(digest), pa.array(has, pa.bool_())
 
-    def close(self) -> None:
-        """Drop what is held; at the table's latest version, delete the files no fragment has now."""
+    def close(self, prune: bool = True) -> None:
+        """Drop what is held; with ``prune`` at the table's latest version, delete the files no
+        fragment has now (a cut that failed deletes nothing)."""
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.held.clear()
         self.ahead.clear()
-        if self.ds.version == self.ds.latest_version:  # a cut of an older version deletes nothing
+        if prune and self.ds.version == self.ds.latest_version:  # a cut of an older version deletes nothing
             self.stats["pruned"] = self.kept.prune(self.folder, set(self.keys.values()), set(self.ds.schema.names))
 
 

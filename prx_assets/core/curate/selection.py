@@ -221,7 +221,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
             phash_pairs.stats = {}  # set again only if this cut searches pairs
         apply("dedup_phash", phash_keep(_column_at(t, "phash", alive).astype(np.uint64),
                                         int(recipe.dedup.phash_distance), kept=phash_pairs,
-                                        keep_found=ds.version == ds.latest_version))
+                                        keep_found=phash_pairs is not None and ds.version == ds.latest_version))
         if phash_pairs is not None and phash_pairs.stats:
             out.work["phash_pairs"] = dict(phash_pairs.stats)
     if threshold is not None and embedding_column is not None:
@@ -324,9 +324,12 @@ def candidates(ds: lance.LanceDataset, where: str | None, caption_columns: Seque
             part = _candidate_part(batch, rules, removed, caption_columns, lookup)
             if part is not None:
                 parts.append(part)
-    finally:
+    except BaseException:
         if lookup is not None:
-            lookup.close()
+            lookup.close(prune=False)
+        raise
+    if lookup is not None:
+        lookup.close()
     if not parts:
         return pa.schema({"image_id": pa.string(), "_sha": pa.binary(32), "phash": pa.uint64(), "_area": pa.int64(),
                           "aspect_bucket": pa.string(), "digest": pa.string(), "_rowid": pa.uint64(),
