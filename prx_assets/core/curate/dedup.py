@@ -204,22 +204,32 @@ def _mih_pairs(h: np.ndarray, distance: int, chunk: int) -> tuple[np.ndarray, np
 
 def _new_block_pairs(h: np.ndarray, distance: int, blocks: int, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every pair within ``distance`` bits with at least one ``new`` hash, by the block method's
-    tables: per table, every hash is looked up among the new hashes' keys (sorted, a few), so the work
-    is a pass over the hashes per table and the pairs of each with the new hashes of its key, not a
-    sort of every key. ``(later, earlier)`` with repeats."""
+    tables: per table, every hash's key is looked up in a filter of the new hashes' keys (a bit per
+    slot of a multiplicative hash, at least 64 slots a new hash), and only the few that hit are
+    searched among the new keys (sorted), so the work is a pass over the hashes per table and the
+    pairs of each with the new hashes of its key, not a sort of every key. ``(later, earlier)`` with
+    repeats."""
     fresh = np.flatnonzero(new)
     found_i: list[np.ndarray] = []
     found_j: list[np.ndarray] = []
+    bits = min(26, max(16, (64 * len(fresh)).bit_length()))  # a filter of >= 64 slots a new hash
+    mark = np.zeros(1 << bits, dtype=bool)
+    spread, drop = np.uint64(0x9E3779B97F4A7C15), np.uint64(64 - bits)
     for key in _block_keys(h, distance, blocks):
         order = np.argsort(key[fresh], kind="stable")
         fresh_keys = key[fresh][order]
+        mark[:] = False
+        mark[(fresh_keys * spread) >> drop] = True
+        rows = np.flatnonzero(mark[(key * spread) >> drop])  # the new keys' slots: every match, a few more
+        key = key[rows]
         lo = np.searchsorted(fresh_keys, key, side="left")
         hi = np.searchsorted(fresh_keys, key, side="right")
         del key
-        rows = np.flatnonzero(hi > lo)
-        counts = hi[rows] - lo[rows]
+        hit = hi > lo
+        rows, lo, hi = rows[hit], lo[hit], hi[hit]
+        counts = hi - lo
         i = np.repeat(rows, counts)
-        starts = np.repeat(lo[rows] - np.cumsum(counts) + counts, counts)
+        starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
         j = fresh[order[starts + np.arange(len(i))]]
         near = (i != j) & (np.bitwise_count(h[i] ^ h[j]) <= distance)
         i, j = i[near], j[near]
