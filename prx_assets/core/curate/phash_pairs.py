@@ -28,6 +28,7 @@ import numpy as np
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.dedup import phash_pairs
+from prx_assets.core.curate.search_pairs import write_replacing
 from prx_assets.errors import PrxError
 
 #: Bump when what a kept file holds changes: files of another version are never read.
@@ -77,13 +78,7 @@ class KeptPhashPairs:
         """Keep ``values`` and ``pairs`` (see :meth:`load`) and delete the recipe's other pHash pairs."""
         buf = io.BytesIO()
         np.savez(buf, values=values, pairs=pairs)
-        rel = self.rel(distance)
-        self.root.write_bytes(rel, buf.getvalue())
-        folder, _, name = rel.rpartition("/")
-        for other in self.root.list(folder):
-            other_name = other.rpartition("/")[2]
-            if other_name.startswith("phash-") and other_name != name:
-                self.root.delete(other)
+        write_replacing(self.root, self.rel(distance), buf.getvalue(), "phash-")
 
     def pairs(self, hashes: np.ndarray, distance: int, keep_found: bool) -> tuple[np.ndarray, np.ndarray]:
         """Every pair ``(i, j)``, ``j < i``, of the distinct ``hashes`` within ``distance`` bits, as

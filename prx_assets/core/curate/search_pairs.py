@@ -37,6 +37,17 @@ _LOW = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
 
 
+def write_replacing(root: DataRoot, rel: str, data: bytes, prefix: str) -> None:
+    """Write ``data`` at ``rel``, then delete the other files in its folder whose names start with
+    ``prefix``: a recipe keeps one file of each kind (the one its last cut of the latest version wrote)."""
+    root.write_bytes(rel, data)
+    folder, _, name = rel.rpartition("/")
+    for other in root.list(folder):
+        other_name = other.rpartition("/")[2]
+        if other_name.startswith(prefix) and other_name != name:
+            root.delete(other)
+
+
 def pack(i: np.ndarray, j: np.ndarray) -> np.ndarray:
     """Two arrays of 32-bit values as one of 64-bit keys (``i`` high), e.g. pairs or (file, offset)."""
     return (np.asarray(i, dtype=np.uint64) << _SHIFT) | np.asarray(j, dtype=np.uint64)
@@ -159,13 +170,7 @@ class KeptPairs:
         np.savez(buf, files=np.array(names, dtype=str), rows=np.sort(keys[ok]),
                  pairs=np.stack([keys[pairs[both, 0]], keys[pairs[both, 1]]], axis=1).astype(np.uint64),
                  held=np.asarray(held, dtype=bool)[both])
-        rel = self.rel(model_id, threshold)
-        self.root.write_bytes(rel, buf.getvalue())
-        folder, _, name = rel.rpartition("/")
-        for other in self.root.list(folder):
-            other_name = other.rpartition("/")[2]
-            if other_name.startswith("pairs-") and other_name != name:
-                self.root.delete(other)
+        write_replacing(self.root, self.rel(model_id, threshold), buf.getvalue(), "pairs-")
         self.stats["kept"] = True
 
 
