@@ -216,8 +216,9 @@ def _new_block_pairs(h: np.ndarray, distance: int, blocks: int, new: np.ndarray)
     mark = np.zeros(1 << bits, dtype=bool)
     spread, drop = np.uint64(0x9E3779B97F4A7C15), np.uint64(64 - bits)
     for key in _block_keys(h, distance, blocks):
-        order = np.argsort(key[fresh], kind="stable")
-        fresh_keys = key[fresh][order]
+        fresh_keys = key[fresh]
+        order = np.argsort(fresh_keys, kind="stable")
+        fresh_keys = fresh_keys[order]
         mark[:] = False
         mark[(fresh_keys * spread) >> drop] = True
         rows = np.flatnonzero(mark[(key * spread) >> drop])  # the new keys' slots: every match, a few more

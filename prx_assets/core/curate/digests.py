@@ -14,6 +14,7 @@ left per row is one sha256 call.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -79,6 +80,16 @@ def digests_of(table: pa.Table | pa.RecordBatch, caption_columns: Sequence[str])
         for at, k in enumerate(slow):
             out[k] = content_digest(part["sha256"][at], part["ingest_config"][at], {c: part[c][at] for c in cols})
     return pa.array(out, pa.string())
+
+
+def has_caption(table: pa.Table | pa.RecordBatch, caption_columns: Sequence[str]) -> pa.Array:
+    """Whether each row has a non-empty text in any of ``caption_columns`` (at least one column).
+
+    >>> has_caption(pa.table({"a": ["x", "", None], "b": [None, "y", ""]}), ["a", "b"]).to_pylist()
+    [True, True, False]
+    """
+    has = [pc.fill_null(pc.not_equal(table.column(c), ""), False) for c in caption_columns]
+    return functools.reduce(pc.or_, has)
 
 
 def content_hash(caption_columns: Sequence[str], items: Iterable[tuple[str, str]]) -> str:

@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.curate.digests import digests_of
-from prx_assets.core.curate.search_codes import READ_AHEAD, column_files, fragment_groups
+from prx_assets.core.curate.digests import digests_of, has_caption
+from prx_assets.core.curate.search_codes import _OFFSET_MASK, READ_AHEAD, column_files, fragment_groups
 from prx_assets.errors import PrxError
 
 #: Bump when what a kept digest holds changes (the digest's definition, the fields of the file).
@@ -50,7 +49,6 @@ DIGESTS_VERSION = 1
 INPUTS = ("sha256", "ingest_config")
 #: Rows of a fragment read at a time while its digests are computed.
 COMPUTE_ROWS = 65_536
-_OFFSET_MASK = np.uint64(0xFFFFFFFF)
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _HEX_VALUES = np.full(256, 255, dtype=np.uint8)
 _HEX_VALUES[_HEX_DIGITS] = np.arange(16, dtype=np.uint8)
@@ -159,14 +157,7 @@ def compute_fragment(ds: lance.LanceDataset, fragment_id: int, rows: int,
     for batch in frag.scanner(columns=[*INPUTS, *cols], with_row_address=True, batch_size=COMPUTE_ROWS).to_batches():
         at = (batch.column("_rowaddr").to_numpy() & _OFFSET_MASK).astype(np.int64)
         out.digest[at] = hex_to_bytes(digests_of(batch, cols))
-        if cols:
-            has = [pc.fill_null(pc.not_equal(batch.column(c), ""), False) for c in cols]
-            flags = has[0]
-            for h in has[1:]:
-                flags = pc.or_(flags, h)
-            out.has_caption[at] = flags.to_numpy(zero_copy_only=False)
-        else:
-            out.has_caption[at] = True
+        out.has_caption[at] = has_caption(batch, cols).to_numpy(zero_copy_only=False) if cols else True
         out.known[at] = True
     return out
 
@@ -262,18 +253,18 @@ class DigestLookup:
     def _fragment(self, fid: int, offsets: np.ndarray) -> FragmentDigests:
         got = self.held.get(fid)
         if got is None:
-            at = self.position.get(fid)
-            for nxt in self.order[at:at + READ_AHEAD] if at is not None else [fid]:
+            at = self.position[fid]
+            for nxt in self.order[at:at + READ_AHEAD]:
                 if nxt not in self.ahead and nxt not in self.held:
                     self.ahead[nxt] = self.pool.submit(self._load, nxt)
             got = self.ahead.pop(fid).result()
-            if at is not None:  # fragments the scan passed without a row (its filter) are never asked
-                for skipped in [f for f in self.ahead if self.position.get(f, at) < at]:
-                    self.ahead.pop(skipped).cancel()
+            # fragments the scan passed without a row (its filter) are never asked
+            for skipped in [f for f in self.ahead if self.position[f] < at]:
+                self.ahead.pop(skipped).cancel()
             if got is not None:
                 self.stats["kept"] += 1
         if got is None or not got.known[offsets].all():
-            rows = self.rows.get(fid) or self.ds.get_fragment(fid).metadata.physical_rows
+            rows = self.rows[fid]
             fresh = compute_fragment(self.ds, fid, rows, self.cols)
             got = fresh if got is None else got.merge(fresh)
             self.stats["computed"] += 1

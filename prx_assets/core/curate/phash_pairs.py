@@ -103,8 +103,8 @@ class KeptPhashPairs:
         self.stats = {"hashes_new": int(new.sum()), "pairs_kept": len(old_i), "pairs_found": len(found_i),
                       "kept": False}
         later, earlier = np.concatenate([old_i, found_i]), np.concatenate([old_j, found_j])
-        if keep_found and (got is None or len(found_i) or new.any() or len(old_i) != len(got[1])
-                           or len(values) != len(got[0])):
+        # nothing new and as many hashes as kept: the kept hashes and pairs exactly, nothing to write
+        if keep_found and (got is None or new.any() or len(values) != len(got[0])):
             low, high = np.minimum(h[later], h[earlier]), np.maximum(h[later], h[earlier])
             self.save(distance, values, np.stack([low, high], axis=1) if len(low) else np.zeros((0, 2), np.uint64))
         self.stats["kept"] = keep_found

@@ -14,7 +14,6 @@ from another Lance version that holds the same content gives the same id.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -37,6 +36,7 @@ from prx_assets.core.curate.dedup import (
     search_map,
 )
 from prx_assets.core.curate.digests import content_hash_of, digests_of
+from prx_assets.core.curate.digests import has_caption as caption_flags
 from prx_assets.core.curate.kept_digests import DigestLookup, KeptDigests
 from prx_assets.core.curate.multi_index import SearchModel, SearchModels, probe_width
 from prx_assets.core.curate.optout import OptOutRequest
@@ -292,8 +292,7 @@ def _row_rules(recipe: Recipe, optouts: Sequence[OptOutRequest],
         def has_caption(batch: pa.RecordBatch) -> pa.Array:
             if "_has_caption" in batch.schema.names:  # read from the kept digests (see candidates)
                 return batch.column("_has_caption")
-            has = [pc.fill_null(pc.not_equal(batch.column(c), ""), False) for c in cols]
-            return functools.reduce(pc.or_, has)
+            return caption_flags(batch, cols)
         rules.append(("no_caption", has_caption))
     return rules
 
