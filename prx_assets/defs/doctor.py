@@ -10,7 +10,10 @@
 - Dagster runs of ``prx-assets run`` left STARTED by a process that no longer exists on this
   host: ``repair`` marks them failed;
 - stale writer leases (see :mod:`prx_assets.core.leases`: the holder's process is gone or it
-  stopped beating): ``repair`` frees them (a later writer would take them over anyway).
+  stopped beating): ``repair`` frees them (a later writer would take them over anyway);
+- kept curation state no configured recipe reads (a recipe removed, a dedup rule dropped, caption
+  columns or an embedding column no recipe reads; see :mod:`prx_assets.core.curate.kept_state`):
+  ``repair`` deletes it (a cache: the next cut that wants it computes it again).
 
 Key columns are read one id range at a time (memory bounded by the range, not the table).
 """
@@ -31,9 +34,12 @@ import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.kept_state import delete_stale, stale_kept
 from prx_assets.core.lab.changes import id_ranges
 from prx_assets.core.lab.maintenance import lance_tables
+from prx_assets.core.lab.query import QueryError, open_lab
 from prx_assets.core.lab.sql import literal
+from prx_assets.core.lab.sync import embedding_column
 from prx_assets.core.lab.table import open_table
 from prx_assets.core.leases import list_leases, remove_generation
 from prx_assets.core.processes import pid_alive
@@ -192,8 +198,29 @@ def check_leases(root: DataRoot, repair: bool) -> list[Finding]:
     return out
 
 
+def check_kept_state(root: DataRoot, repair: bool, project: ProjectConfigResource | None = None) -> list[Finding]:
+    """Kept curation state (digests, search codes, pHash and embedding-dedup pairs) that no
+    configured recipe reads; one finding per folder and kind."""
+    project = project or ProjectConfigResource()
+    models = project.models()
+    column = embedding_column(models.embedder.embedder_id()) if models.embedder else None
+    try:
+        lab = open_lab(root)
+    except QueryError:
+        lab = None  # no lab yet: only the recipes' own folders are judged
+    out = []
+    for stale in stale_kept(root, project.recipes().recipes, models.captioner_ids(), column, lab):
+        f = Finding("stale_kept_state", stale.folder, f"{len(stale.files)} files: {stale.why}")
+        if repair:
+            delete_stale(root, stale)
+            f.repaired = True
+        out.append(f)
+    return out
+
+
 def doctor(instance: dg.DagsterInstance, root: DataRoot, repair: bool = False,
            older_than_hours: float = 6.0) -> list[Finding]:
     """Every check above, in order; with ``repair`` each finding is fixed as it is found."""
     return [*check_stuck_runs(instance, repair), *check_leases(root, repair), *check_orphans(instance, root, repair),
-            *check_leaked_folders(root, older_than_hours, repair), *check_duplicates(root, repair)]
+            *check_leaked_folders(root, older_than_hours, repair), *check_kept_state(root, repair),
+            *check_duplicates(root, repair)]

@@ -73,6 +73,14 @@ class Recipe:
             payload[key] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
+    def caption_names(self) -> list[str]:
+        """The captioners the recipe reads: ``captions``, then those only in ``caption_mix``.
+
+        >>> Recipe(name="r", captions=("a",), caption_mix=(("b", 0.5), ("a", 0.5))).caption_names()
+        ['a', 'b']
+        """
+        return list(self.captions) + [n for n, _ in self.caption_mix if n not in self.captions]
+
     def optout_ids(self) -> set[str]:
         """Image ids listed in the opt-out file."""
         return _read_lines(self.optout_ids_file)

@@ -172,8 +172,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     embedding dedup reads the survivors' vectors by row id into int8 codes.
     """
     out = Subset(recipe=recipe.name, version=ds.version, total=ds.count_rows())
-    captions = list(recipe.captions) + [n for n, _ in recipe.caption_mix if n not in recipe.captions]
-    out.caption_columns = resolve_caption_columns(ds, captions, known_captioner_ids, recipe.name)
+    out.caption_columns = resolve_caption_columns(ds, recipe.caption_names(), known_captioner_ids, recipe.name)
     clauses: list[str] = []
     remaining = out.total
     for rule, clause in _filters(recipe):
