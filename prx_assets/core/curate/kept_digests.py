@@ -40,7 +40,8 @@ import pyarrow as pa
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.digests import digests_of, has_caption
-from prx_assets.core.curate.search_codes import _OFFSET_MASK, READ_AHEAD, column_files, fragment_groups
+from prx_assets.core.curate.search_codes import _OFFSET_MASK, READ_AHEAD, columns_files, fragment_groups
+from prx_assets.core.hexdigits import bytes_hex, digit_bytes, hex_digits
 from prx_assets.errors import PrxError
 
 #: Bump when what a kept digest holds changes (the digest's definition, the fields of the file).
@@ -49,9 +50,6 @@ DIGESTS_VERSION = 1
 INPUTS = ("sha256", "ingest_config")
 #: Rows of a fragment read at a time while its digests are computed.
 COMPUTE_ROWS = 65_536
-_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-_HEX_VALUES = np.full(256, 255, dtype=np.uint8)
-_HEX_VALUES[_HEX_DIGITS] = np.arange(16, dtype=np.uint8)
 _SAFE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -81,27 +79,19 @@ def hex_to_bytes(digests: pa.Array) -> np.ndarray:
     >>> hex_to_bytes(pa.array(["00ff10a0b0c0d0e0"]))[0].tolist()
     [0, 255, 16, 160, 176, 192, 208, 224]
     """
-    arr = digests.cast(pa.string())
-    n = len(arr)
-    if arr.null_count:
-        raise KeptDigestsError(f"{arr.null_count} content digests are null; every row has one")
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
-    if n and not (np.diff(offsets) == 16).all():
-        raise KeptDigestsError("content digests are 16 hex digits; some here are not")
-    digits = _HEX_VALUES[np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(n, 16)]
-    if (digits == 255).any():
-        raise KeptDigestsError("content digests are lowercase hex; some here are not")
-    return (digits[:, 0::2] << 4) | digits[:, 1::2]
+    if digests.null_count:
+        raise KeptDigestsError(f"{digests.null_count} content digests are null; every row has one")
+    digits, ok = hex_digits(digests, 16)
+    if not ok.all():
+        bad = int(np.flatnonzero(~ok)[0])
+        raise KeptDigestsError(f"content digests are 16 lowercase hex digits; {digests[bad].as_py()!r} (row {bad}) "
+                               f"and {int((~ok).sum()) - 1} more are not")
+    return digit_bytes(digits)
 
 
 def bytes_to_hex(raw: np.ndarray) -> pa.StringArray:
     """The inverse of :func:`hex_to_bytes`: an ``n x 8`` uint8 array as 16-digit hex strings."""
-    n = len(raw)
-    out = np.empty((n, 16), dtype=np.uint8)
-    out[:, 0::2] = _HEX_DIGITS[raw >> 4]
-    out[:, 1::2] = _HEX_DIGITS[raw & 15]
-    offsets = np.arange(0, 16 * n + 1, 16, dtype=np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(out.tobytes()))
+    return bytes_hex(raw)
 
 
 @dataclass
@@ -231,7 +221,7 @@ class DigestLookup:
         self.ds, self.kept = ds, kept
         self.cols = sorted(caption_columns)
         self.folder = columns_key(self.cols)
-        per_column = [column_files(ds, c) for c in (*INPUTS, *self.cols)]
+        per_column = list(columns_files(ds, [*INPUTS, *self.cols]).values())
         self.rows: dict[int, int] = {}
         self.keys: dict[int, str] = {}  # fragments with overlays (no kept file) are left out
         for frag in ds.get_fragments():

@@ -29,6 +29,7 @@ from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.dedup import phash_pairs
 from prx_assets.core.curate.search_pairs import write_replacing
+from prx_assets.core.sorted_lookup import lookup
 from prx_assets.errors import PrxError
 
 #: Bump when what a kept file holds changes: files of another version are never read.
@@ -93,9 +94,9 @@ class KeptPhashPairs:
             old_i = old_j = np.zeros(0, np.int64)
         else:
             kept_values, kept_pairs = got
-            new = ~_present(kept_values, h)[0]
-            a_here, a_at = _present(values, kept_pairs[:, 0])
-            b_here, b_at = _present(values, kept_pairs[:, 1])
+            new = ~lookup(kept_values, h)[0]
+            a_here, a_at = lookup(values, kept_pairs[:, 0])
+            b_here, b_at = lookup(values, kept_pairs[:, 1])
             both = a_here & b_here
             a, b = order[a_at[both]], order[b_at[both]]
             old_i, old_j = np.maximum(a, b), np.minimum(a, b)
@@ -109,14 +110,6 @@ class KeptPhashPairs:
             self.save(distance, values, np.stack([low, high], axis=1) if len(low) else np.zeros((0, 2), np.uint64))
         self.stats["kept"] = keep_found
         return later, earlier
-
-
-def _present(sorted_values: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Whether each of ``queries`` is in ``sorted_values``, and where (clipped where it is not)."""
-    if not len(sorted_values):
-        return np.zeros(len(queries), dtype=bool), np.zeros(len(queries), dtype=np.int64)
-    at = np.minimum(np.searchsorted(sorted_values, queries), len(sorted_values) - 1)
-    return sorted_values[at] == queries, at
 
 
 def phash_pairs_kept(root: DataRoot, recipe: str) -> KeptPhashPairs:

@@ -32,7 +32,7 @@ import hashlib
 import io
 import re
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -206,14 +206,21 @@ def column_files(ds: lance.LanceDataset, column: str) -> dict[int, tuple[str | N
     fragment holds it: every value is null), and the fragment's physical rows. A fragment with data
     overlays (which this project never writes) is left out: its codes are computed on every cut,
     never kept."""
-    field_id = ds.lance_schema.field(column).id()
-    out: dict[int, tuple[str | None, int]] = {}
+    return columns_files(ds, [column])[column]
+
+
+def columns_files(ds: lance.LanceDataset, columns: Sequence[str]) -> dict[str, dict[int, tuple[str | None, int]]]:
+    """:func:`column_files` of several columns from one pass over the fragments' metadata."""
+    ids = {c: ds.lance_schema.field(c).id() for c in columns}
+    out: dict[str, dict[int, tuple[str | None, int]]] = {c: {} for c in columns}
     for frag in ds.get_fragments():
         meta = frag.metadata
         if getattr(meta, "overlays", None):
             continue
-        path = next((df.path for df in meta.files if field_id in df.fields), None)
-        out[frag.fragment_id] = (path, meta.physical_rows)
+        files = [(df.path, set(df.fields)) for df in meta.files]
+        for c, field_id in ids.items():
+            path = next((p for p, fields in files if field_id in fields), None)
+            out[c][frag.fragment_id] = (path, meta.physical_rows)
     return out
 
 

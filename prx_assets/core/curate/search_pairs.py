@@ -29,6 +29,7 @@ import numpy as np
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.search_codes import SearchCodesError, column_files, file_stem
+from prx_assets.core.sorted_lookup import lookup
 
 #: Bump when what a kept pairs file holds changes: files of another version are never read (the
 #: next cut searches every pair once and replaces them).
@@ -129,13 +130,11 @@ class KeptPairs:
 
         def position(addr: np.ndarray) -> np.ndarray:
             """Positions in the bound order of ``addr`` (-1 where it is not bound)."""
-            at = np.minimum(np.searchsorted(bound_sorted, addr), max(0, len(addresses) - 1))
-            hit = (bound_sorted[at] == addr) if len(addresses) else np.zeros(len(addr), bool)
-            return np.where(hit, order[at], -1)
+            hit, at = lookup(bound_sorted, addr)
+            return np.where(hit, order[at], -1) if len(order) else np.full(len(hit), -1, dtype=np.int64)
 
         covered = np.sort(here(rows))
-        at = np.minimum(np.searchsorted(covered, addresses), max(0, len(covered) - 1))
-        new = ~((covered[at] == addresses) if len(covered) else np.zeros(len(addresses), bool))
+        new = ~lookup(covered, addresses)[0]
         a, b = position(here(pairs[:, 0])), position(here(pairs[:, 1]))
         both = (a >= 0) & (b >= 0)
         a, b = a[both], b[both]

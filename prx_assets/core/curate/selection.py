@@ -44,9 +44,11 @@ from prx_assets.core.curate.phash_pairs import KeptPhashPairs
 from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.curate.search_codes import SearchCodes, cells_by_address, codes_by_address, codes_key
 from prx_assets.core.curate.search_pairs import KeptPairs
+from prx_assets.core.hexdigits import digit_bytes, hex_digits
 from prx_assets.core.lab.changes import vector_matrix
 from prx_assets.core.lab.sql import where_in
 from prx_assets.core.lab.sync import CAPTION_PREFIX, caption_column
+from prx_assets.core.sorted_lookup import lookup
 from prx_assets.errors import PrxError
 
 
@@ -360,8 +362,6 @@ def _candidate_part(batch: pa.RecordBatch, rules: Sequence[RowRule], removed: li
 
 
 #: Lowercase hex digit values (255: not one).
-_HEX = np.full(256, 255, dtype=np.uint8)
-_HEX[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
 _HEX_TEXT = re.compile(r"[0-9a-f]{64}")
 
 
@@ -375,17 +375,11 @@ def sha_keys(sha256: pa.Array) -> pa.FixedSizeBinaryArray:
     (True, False, b'\\xab\\xab', True)
     """
     n = len(sha256)
+    digits, ok = hex_digits(sha256, 64)
     out = np.empty((n, 32), dtype=np.uint8)
-    ok = np.zeros(n, dtype=bool)
-    arr = sha256.cast(pa.string())
-    if n and arr.null_count == 0:
-        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
-        if (np.diff(offsets) == 64).all():
-            digits = _HEX[np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(n, 64)]
-            ok = (digits != 255).all(axis=1)
-            out[ok] = (digits[ok, 0::2] << 4) | digits[ok, 1::2]
+    out[ok] = digit_bytes(digits[ok])
     if not ok.all():
-        texts = arr.to_pylist()
+        texts = sha256.cast(pa.string()).to_pylist()
         for i in np.flatnonzero(~ok):
             text = texts[i]
             if text is not None and _HEX_TEXT.fullmatch(text):
@@ -492,7 +486,6 @@ def read_by_row_ids(ds: lance.LanceDataset, column: str, row_ids: np.ndarray,
         return
     for batch in ds.scanner(columns=[column], with_row_id=True, batch_size=batch_rows).to_batches():
         rid = batch.column("_rowid").to_numpy()
-        loc = np.minimum(np.searchsorted(sorted_ids, rid), n - 1)
-        hit = sorted_ids[loc] == rid
+        hit, loc = lookup(sorted_ids, rid)
         if hit.any():
             on_block(order[loc[hit]], vector_matrix(batch.column(0).filter(pa.array(hit))))

@@ -42,8 +42,10 @@ import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.hexdigits import hex_digits
 from prx_assets.core.lab.sql import literal, table_by_ids, where_all
 from prx_assets.core.lab.table import dataset_size
+from prx_assets.core.sorted_lookup import lookup
 
 #: Rows compared and committed at a time by a sync by change.
 CHANGE_CHUNK = 65_536
@@ -165,9 +167,6 @@ def id_ranges(rows: int, chunk: int = FULL_CHUNK_ROWS) -> list[str | None]:
 #: Rows read at a time by a full comparison (one batch of both sides' ids and values; smaller batches
 #: scanned a 1,152-d column faster here: 3.3 s at 8,192 against 8-9 s at 65,536 for 3M rows).
 FULL_SCAN_ROWS = 8192
-_HEX = np.full(256, 255, dtype=np.uint8)
-_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint8)
-_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
 #: Odd 64-bit multipliers of the row digest (fixed: a digest only meets digests of the same run).
 _MULT = (np.random.default_rng(20261201).integers(0, 2**63, 4096, dtype=np.uint64) << np.uint64(1)) | np.uint64(1)
 
@@ -183,27 +182,17 @@ def key64(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     True
     """
     arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    n = len(arr)
-    out = np.zeros(n, dtype=np.uint64)
-    if not n:
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = arr.cast(pa.string())
+    out = np.zeros(len(arr), dtype=np.uint64)
+    if not len(arr):
         return out
-    arr = arr.cast(pa.large_string())
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1]
-    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8) if arr.buffers()[2] is not None else np.zeros(0, np.uint8)
-    hexed = (np.diff(offsets) == 16) & ~np.asarray(arr.is_null(), dtype=bool)
+    digits, hexed = hex_digits(arr, 16)
     rows = np.flatnonzero(hexed)
-    if len(rows) == n:  # every id 16 bytes long: one contiguous block of digits
-        digits = _HEX[data[offsets[0]:offsets[-1]]].reshape(n, 16)
-    elif len(rows):
-        digits = _HEX[data[offsets[rows][:, None] + np.arange(16)[None, :]]]
     if len(rows):
-        valid = ~(digits == 255).any(axis=1)
-        rows, digits = rows[valid], digits[valid]
-        hexed[:] = False
-        hexed[rows] = True
         keys = np.zeros(len(rows), dtype=np.uint64)
         for k in range(16):
-            keys = (keys << np.uint64(4)) | digits[:, k].astype(np.uint64)
+            keys = (keys << np.uint64(4)) | digits[rows, k].astype(np.uint64)
         out[rows] = keys
     other = np.flatnonzero(~hexed)
     if len(other):
@@ -288,8 +277,7 @@ def full_differences(source: lance.LanceDataset, value: str, where: str | None, 
     src_keys, src_digs, _, _ = _compact(source, ["image_id", value], where, field_type, False)
     if not len(lab_keys) or not len(src_keys):
         return
-    at = np.minimum(np.searchsorted(lab_keys, src_keys), len(lab_keys) - 1)
-    hit = lab_keys[at] == src_keys
+    hit, at = lookup(lab_keys, src_keys)
     differ = hit & (lab_digs[at] != src_digs)
     if not differ.any():
         return
@@ -317,8 +305,7 @@ def _ids_with_keys(source: lance.LanceDataset, where: str | None, keys: np.ndarr
     found: list[str] = []
     for batch in source.scanner(columns=["image_id"], filter=where, batch_size=FULL_SCAN_ROWS).to_batches():
         k = key64(batch.column(0))
-        at = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
-        found += batch.column(0).filter(pa.array(keys[at] == k)).to_pylist()
+        found += batch.column(0).filter(pa.array(lookup(keys, k)[0])).to_pylist()
     return found
 
 
@@ -385,8 +372,8 @@ class CreatedRows:
         if not len(self.keys):
             return t
         k = key64(t.column("image_id"))
-        at = np.minimum(np.searchsorted(self.keys, k), len(self.keys) - 1)
-        return t.append_column("_rowid", pa.array(self.rowids[at], pa.uint64(), mask=self.keys[at] != k))
+        hit, at = lookup(self.keys, k)
+        return t.append_column("_rowid", pa.array(self.rowids[at], pa.uint64(), mask=~hit))
 
     def missing(self, seen: np.ndarray) -> np.ndarray:
         """Positions of the created rows whose key is not in ``seen``."""

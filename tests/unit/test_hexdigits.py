@@ -1,0 +1,67 @@
+"""Hex texts as numbers (core/hexdigits.py) against Python's own parsing, and the three users of it
+(lab keys, sha256 keys, kept content digests) on the awkward arrays: sliced, large, chunked, with
+nulls, wrong lengths, uppercase and empty texts."""
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from prx_assets.core.curate.kept_digests import bytes_to_hex, hex_to_bytes
+from prx_assets.core.curate.selection import sha_keys
+from prx_assets.core.hexdigits import bytes_hex, digit_bytes, hex_digits
+from prx_assets.core.lab.changes import key64
+
+
+def _texts(n: int, width: int, seed: int) -> list[str | None]:
+    rng = np.random.default_rng(seed)
+    out: list[str | None] = []
+    for i in range(n):
+        h = rng.bytes(width // 2).hex()
+        k = i % 7
+        out.append(None if k == 0 else h.upper() if k == 1 else h[:-1] if k == 2 else "" if k == 3
+                   else h[:-1] + "g" if k == 4 else h)
+    return out
+
+
+def _is_hex(t: str | None, width: int) -> bool:
+    return t is not None and len(t) == width and all(c in "0123456789abcdef" for c in t)
+
+
+@pytest.mark.parametrize("kind", ["plain", "sliced", "large", "chunked", "all_hex", "all_empty"])
+def test_hex_digits_match_python(kind: str) -> None:
+    texts = _texts(300, 16, 1)
+    if kind == "all_hex":
+        texts = [t for t in texts if _is_hex(t, 16)]
+    if kind == "all_empty":
+        texts = ["", None, ""]
+    arr: pa.Array | pa.ChunkedArray = pa.array(texts, pa.large_string() if kind == "large" else pa.string())
+    if kind == "sliced":
+        arr, texts = arr.slice(5, 200), texts[5:205]
+    if kind == "chunked":
+        arr = pa.chunked_array([arr.slice(0, 100), arr.slice(100)])
+    digits, ok = hex_digits(arr, 16)
+    assert ok.tolist() == [_is_hex(t, 16) for t in texts]
+    rows = np.flatnonzero(ok)
+    assert [bytes(b).hex() for b in digit_bytes(digits[rows])] == [texts[i] for i in rows]
+    assert bytes_hex(digit_bytes(digits[rows])).to_pylist() == [texts[i] for i in rows]
+    keys = key64(arr)
+    for i, t in enumerate(texts):
+        want = int(t, 16) if _is_hex(t, 16) else \
+            int.from_bytes(hashlib.blake2b((t or "").encode(), digest_size=8).digest(), "big")
+        assert int(keys[i]) == want, (i, t)
+
+
+def test_sha_keys_and_kept_digests_on_mixed_arrays() -> None:
+    texts = _texts(200, 64, 2)
+    arr = pa.array(texts).slice(3)
+    keys = sha_keys(arr).to_pylist()
+    for key, t in zip(keys, texts[3:], strict=True):
+        if _is_hex(t, 64):
+            assert key == bytes.fromhex(t)
+        else:
+            marker = b"\x00null" if t is None else b"\x00text:" + t.encode()
+            assert key == hashlib.blake2b(marker, digest_size=32).digest()
+    good = pa.array([t for t in _texts(100, 16, 3) if _is_hex(t, 16)]).slice(2)
+    assert bytes_to_hex(hex_to_bytes(good)).equals(good)
