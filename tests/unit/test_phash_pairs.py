@@ -10,7 +10,7 @@ import pytest
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.curate.dedup import phash_blocks, phash_keep, phash_pairs
+from prx_assets.core.curate.dedup import PHASH_NEW_SHARE, phash_blocks, phash_keep, phash_pairs
 from prx_assets.core.curate.phash_pairs import PhashPairsError, phash_pairs_kept
 from prx_assets.core.curate.recipes import Dedup, Recipe
 from prx_assets.core.curate.selection import select
@@ -20,14 +20,17 @@ from tests.unit.test_dedup import clustered
 @pytest.mark.parametrize(("n", "distance", "seed"), [(20_000, 4, 0), (30_000, 2, 1), (5_000, 8, 2), (20_000, 6, 4)])
 def test_pairs_with_a_new_hash_are_the_whole_searchs_pairs_with_one(n: int, distance: int, seed: int) -> None:
     """Both the block method's lookups and multi-index hashing (``30_000, 2``) give, with ``new``,
-    exactly the pairs of a whole search that hold a new hash."""
+    exactly the pairs of a whole search that hold a new hash; so does the whole search that many new
+    hashes take (above ``PHASH_NEW_SHARE``), and with every hash new, every pair."""
     h = np.unique(np.array(clustered(n, seed), dtype=np.uint64))
     np.random.default_rng(seed).shuffle(h)
-    new = np.random.default_rng(seed + 1).random(len(h)) < 0.05
+    draws = np.random.default_rng(seed + 1).random(len(h))
     whole = np.stack(phash_pairs(h, distance), axis=1)
-    got = np.stack(phash_pairs(h, distance, new=new), axis=1)
-    assert np.array_equal(got, whole[new[whole[:, 0]] | new[whole[:, 1]]])
-    assert len(got) > 50
+    for share in (0.05, PHASH_NEW_SHARE, 0.3, 1.0):
+        new = draws < share
+        got = np.stack(phash_pairs(h, distance, new=new), axis=1)
+        assert np.array_equal(got, whole[new[whole[:, 0]] | new[whole[:, 1]]]), share
+        assert len(got) > 50
     assert len(phash_pairs(h, distance, new=np.zeros(len(h), bool))[0]) == 0
     if (n, distance) == (30_000, 2):
         assert phash_blocks(distance, len(h)) is None  # this case runs multi-index hashing

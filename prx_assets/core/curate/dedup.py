@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 PHASH_CHUNK = 32_768
 #: Most tables the block method may use before multi-index hashing is preferred.
 PHASH_MAX_TABLES = 64
+#: Above this share of new hashes, pairs with a new hash are found by a whole search, then kept if
+#: they hold one: the lookup of every key among the new ones costs with the new hashes times the
+#: hashes sharing their key, which grows with the table (synthetic hashes at distance 4: break-even
+#: near 0.2 at 1M and 0.1 at 10M; all new at 10M 279.5 s and 5.36 GB against 23.5 s and 0.97 GB).
+PHASH_NEW_SHARE = 0.1
 #: Up to this many vectors, embedding dedup compares every pair (exact); above it, a multi-index.
 EMBEDDING_EXACT_BELOW = 20_000
 #: Rows whose products are taken at a time (a chunk x members float32 block).
@@ -250,11 +255,11 @@ def phash_pairs(hashes: np.ndarray, distance: int, chunk: int = PHASH_CHUNK,
     if new is not None and not new.any():
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     blocks = phash_blocks(distance, len(h))
-    if new is not None and blocks:
+    if new is not None and blocks and new.sum() <= PHASH_NEW_SHARE * len(h):
         later, earlier = _new_block_pairs(h, distance, blocks, new)
     else:
         later, earlier = _block_pairs(h, distance, blocks) if blocks else _mih_pairs(h, distance, chunk)
-        if new is not None:  # multi-index hashing (large distances, few hashes): every pair, then those
+        if new is not None and not new.all():  # many new hashes, or multi-index hashing: every pair, then those
             with_new = new[later] | new[earlier]
             later, earlier = later[with_new], earlier[with_new]
     return unique_pairs(later, earlier)
