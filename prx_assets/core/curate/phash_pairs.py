@@ -94,7 +94,8 @@ class KeptPhashPairs:
             old_i = old_j = np.zeros(0, np.int64)
         else:
             kept_values, kept_pairs = got
-            new = ~lookup(kept_values, h)[0]
+            new = np.empty(len(h), dtype=bool)
+            new[order] = ~lookup(kept_values, values)[0]  # the sorted values: one walk of the kept ones
             a_here, a_at = lookup(values, kept_pairs[:, 0])
             b_here, b_at = lookup(values, kept_pairs[:, 1])
             both = a_here & b_here
