@@ -300,3 +300,33 @@ def test_rows_grouped_by_cell_are_a_stable_sort_with_their_offsets(k: int) -> No
     rows, at = _grouped(keys, k)
     assert np.array_equal(rows, np.argsort(keys, kind="stable"))
     assert np.array_equal(at, np.searchsorted(keys[rows], np.arange(k * k + 1)))
+
+
+def _greedy_one_by_one(n: int, later: np.ndarray, earlier: np.ndarray) -> list[bool]:
+    partners: dict[int, list[int]] = {}
+    for i, j in zip(later.tolist(), earlier.tolist(), strict=True):
+        partners.setdefault(i, []).append(j)
+    keep = [True] * n
+    for i in range(n):
+        if any(keep[j] for j in partners.get(i, [])):
+            keep[i] = False
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_keep_in_rounds_equals_item_by_item(seed: int) -> None:
+    """Random pair sets (repeats included), clusters, and chains longer than the vectorized rounds
+    (the rest taken item by item) give the item-by-item greedy pass's fates."""
+    from prx_assets.core.curate.dedup import GREEDY_ROUNDS
+
+    rng = np.random.default_rng(seed)
+    n = 3_000
+    a, b = rng.integers(0, n, 4_000), rng.integers(0, n, 4_000)
+    chain = np.arange(200, 200 + 3 * GREEDY_ROUNDS)  # each item paired with the one before it
+    a = np.concatenate([a, chain[1:], a[:50]])
+    b = np.concatenate([b, chain[:-1], b[:50]])
+    distinct = a != b
+    later, earlier = np.maximum(a, b)[distinct], np.minimum(a, b)[distinct]
+    shuffle = rng.permutation(len(later))
+    later, earlier = later[shuffle], earlier[shuffle]
+    assert greedy_keep(n, later, earlier).tolist() == _greedy_one_by_one(n, later, earlier)
