@@ -72,7 +72,9 @@ def test_stale_kept_state_is_listed_and_deleted(tmp_path: Path) -> None:
     # without a lab only the recipes' own folders are judged; a recipe the lab cannot serve stops the digests' check
     assert {k.split(":")[0] for k in _stale(root, [RECIPE], None)} == {"curated/gone/_search", "curated/r/_search"}
     unknown = Recipe(name="later", captions=("c-9",))
-    assert not any(k.startswith(layout.KEPT_DIGESTS_DIR) for k in _stale(root, [RECIPE, unknown], ds))
+    waiting = _stale(root, [RECIPE, unknown], ds)
+    assert not any(k.startswith(layout.KEPT_DIGESTS_DIR) for k in waiting)
+    assert any(k.startswith(layout.search_codes_dir("emb__old_1")) for k in waiting)  # codes are still judged
     # no embedder: no codes are read, no pairs either
     assert "curated/r/_search:kept embedding-dedup pairs" in _stale(root, [searching], ds, column=None)
 

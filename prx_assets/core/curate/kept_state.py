@@ -50,20 +50,22 @@ def stale_kept(root: DataRoot, recipes: Sequence[Recipe], captioner_ids: Sequenc
     ``captioner_ids`` and ``embedding_column`` are the configured captioners and embedder's column
     (``None``: no embedder); ``lab`` is the lab's latest version, which maps each recipe's captioners
     to caption columns. Without it (no lab yet, or it cannot be opened) digests and codes are not
-    judged, only the recipes' own folders.
+    judged, only the recipes' own folders; while a recipe names a captioner the lab has no column
+    for yet, digests are not judged.
     """
     by_name = {r.name: r for r in recipes}
     out = [s for name in root.folders(layout.CURATED_DIR) if not name.startswith("_")
            for s in _recipe_stale(root, name, by_name.get(name), embedding_column)]
     if lab is None:
         return out
-    used: set[str] = set()
+    used: set[str] | None = set()
     for recipe in recipes:
         try:
             used.add(columns_key(resolve_caption_columns(lab, recipe.caption_names(), captioner_ids, recipe.name)))
         except PrxError:
-            return out  # a recipe the lab cannot serve yet: which folder it will read is unknown
-    for folder in root.folders(layout.KEPT_DIGESTS_DIR):
+            used = None  # a recipe the lab cannot serve yet: which digests it will read is unknown
+            break
+    for folder in root.folders(layout.KEPT_DIGESTS_DIR) if used is not None else []:
         if folder not in used:
             files = root.list(layout.kept_digests_dir(folder))
             if files:

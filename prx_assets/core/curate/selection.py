@@ -361,7 +361,7 @@ def _candidate_part(batch: pa.RecordBatch, rules: Sequence[RowRule], removed: li
         "_rowid": batch.column("_rowid"), "_rowaddr": batch.column("_rowaddr")})
 
 
-#: Lowercase hex digit values (255: not one).
+#: A sha256 text that is its own 32 bytes (lowercase hex).
 _HEX_TEXT = re.compile(r"[0-9a-f]{64}")
 
 
