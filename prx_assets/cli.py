@@ -356,7 +356,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f.line())
     left = [f for f in findings if not f.repaired]
     if not findings:
-        print("nothing to repair: no duplicate keys, orphan partitions, leaked folders, stale leases or stuck runs")
+        print("nothing to repair: no duplicate keys, orphan partitions, leaked folders, stale leases, stuck runs or stale kept state")
     elif left:
         print(f"{len(left)} problems found; `prx-assets doctor --repair` fixes them")
     return 1 if left else 0
