@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from prx_assets.core.curate.kept_digests import bytes_to_hex, hex_to_bytes
+from prx_assets.core.curate.kept_digests import hex_to_bytes
 from prx_assets.core.curate.selection import sha_keys
 from prx_assets.core.hexdigits import bytes_hex, digit_bytes, hex_digits
 from prx_assets.core.lab.changes import key64
@@ -64,19 +64,5 @@ def test_sha_keys_and_kept_digests_on_mixed_arrays() -> None:
             marker = b"\x00null" if t is None else b"\x00text:" + t.encode()
             assert key == hashlib.blake2b(marker, digest_size=32).digest()
     good = pa.array([t for t in _texts(100, 16, 3) if _is_hex(t, 16)]).slice(2)
-    assert bytes_to_hex(hex_to_bytes(good)).equals(good)
+    assert bytes_hex(hex_to_bytes(good)).equals(good)
 
-
-def test_sorted_lookup_in_any_order_of_queries() -> None:
-    """Queries sorted first (many, in no order) or searched as they come give the same answer."""
-    from prx_assets.core.sorted_lookup import SORT_QUERIES_ABOVE, lookup
-
-    rng = np.random.default_rng(5)
-    values = np.unique(rng.integers(0, 50_000, 20_000, dtype=np.uint64))
-    for n in (10, SORT_QUERIES_ABOVE + 1, 30_000):
-        queries = rng.integers(0, 50_001, n, dtype=np.uint64)
-        for q in (queries, np.sort(queries)):
-            hit, at = lookup(values, q)
-            assert hit.tolist() == np.isin(q, values).tolist()
-            assert (values[at[hit]] == q[hit]).all() and (at >= 0).all() and (at < len(values)).all()
-    assert lookup(np.zeros(0, np.uint64), np.arange(5, dtype=np.uint64))[0].tolist() == [False] * 5

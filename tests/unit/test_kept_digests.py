@@ -11,10 +11,11 @@ import pytest
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.curate.kept_digests import KeptDigestsError, bytes_to_hex, hex_to_bytes, kept_digests
+from prx_assets.core.curate.kept_digests import KeptDigestsError, hex_to_bytes, kept_digests
 from prx_assets.core.curate.phash_pairs import phash_pairs_kept
 from prx_assets.core.curate.recipes import Dedup, Recipe
 from prx_assets.core.curate.selection import Subset, select
+from prx_assets.core.hexdigits import bytes_hex
 
 CAPTION = "caption__c_1"
 RECIPE = Recipe(name="r", captions=("c-1",), dedup=Dedup(exact=True, phash_distance=2))
@@ -69,7 +70,7 @@ def _recaption(uri: str, fragment: int, tag: str) -> None:
 
 def test_hex_digests_round_trip() -> None:
     digests = pa.array(["0123456789abcdef", "ffffffffffffffff", "0000000000000000"])
-    assert bytes_to_hex(hex_to_bytes(digests)).equals(digests)
+    assert bytes_hex(hex_to_bytes(digests)).equals(digests)
     with pytest.raises(KeptDigestsError, match=r"16 lowercase hex digits; 'abc' \(row 0\)"):
         hex_to_bytes(pa.array(["abc"]))
     with pytest.raises(KeptDigestsError, match="0123456789ABCDEF"):

@@ -89,11 +89,6 @@ def hex_to_bytes(digests: pa.Array) -> np.ndarray:
     return digit_bytes(digits)
 
 
-def bytes_to_hex(raw: np.ndarray) -> pa.StringArray:
-    """The inverse of :func:`hex_to_bytes`: an ``n x 8`` uint8 array as 16-digit hex strings."""
-    return bytes_hex(raw)
-
-
 @dataclass
 class FragmentDigests:
     """One fragment's digests by row offset (``n x 8`` bytes: the digest's 16 hex digits), whether each
@@ -280,7 +275,7 @@ class DigestLookup:
                 offsets = (addresses[positions] & _OFFSET_MASK).astype(np.int64)
                 got = self._fragment(fid, offsets)
                 digest[positions], has[positions] = got.digest[offsets], got.has_caption[offsets]
-        return bytes_to_hex(digest), pa.array(has, pa.bool_())
+        return bytes_hex(digest), pa.array(has, pa.bool_())
 
     def close(self, prune: bool = True) -> None:
         """Drop what is held; with ``prune`` at the table's latest version, delete the files no
