@@ -269,18 +269,23 @@ def test_a_rows_projection_does_not_depend_on_the_rows_beside_it() -> None:
         assert np.array_equal(parts, whole)
 
 
-def test_multi_index_pairs_with_a_new_row_complete_the_pairs_found_among_the_others() -> None:
+@pytest.mark.parametrize(("cell_rows", "share"), [(128, 0.03), (128, 0.003), (0.25, 0.03)])
+def test_multi_index_pairs_with_a_new_row_complete_the_pairs_found_among_the_others(cell_rows: float,
+                                                                                    share: float) -> None:
     """With ``new``, the multi-index searches only pairs with at least one new row; with the pairs a
     whole search finds among the other rows, that is every pair a whole search finds (kept search
-    pairs rest on this), whether a new row's partner is new or old, in its cell or one it probes."""
+    pairs rest on this), whether a new row's partner is new or old, in its cell or one it probes,
+    for a batch that reaches most cells or few, and with more cells than one radix pass files
+    (cells of a quarter row: 283 centroids a half)."""
     from prx_assets.core.curate.multi_index import encode_rows, multi_index_pairs, train_model
 
     vecs, planted = spread_pairs(20_000, 64, seed=5, low=0.9)
     codes, scale = encode_rows(vecs)
-    model = train_model(codes, scale, np.random.default_rng(0))
+    model = train_model(codes, scale, np.random.default_rng(0), cell_rows=cell_rows)
+    assert (len(model.tables[0].first) > 256) == (cell_rows < 1)
     whole = {tuple(p) for p in multi_index_pairs(codes, scale, 0.88, None, model=model).tolist()}
-    assert len(whole) >= 0.95 * len(planted)
-    new = np.random.default_rng(1).random(len(codes)) < 0.03
+    assert len(whole) >= (0.95 if cell_rows >= 1 else 0.3) * len(planted)
+    new = np.random.default_rng(1).random(len(codes)) < share
     new[np.array([i for i, _ in planted][:50])] = True  # some pairs with both rows new, most with one
     got = {tuple(p) for p in multi_index_pairs(codes, scale, 0.88, None, model=model, new=new).tolist()}
     assert got == {p for p in whole if new[p[0]] or new[p[1]]}

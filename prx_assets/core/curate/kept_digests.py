@@ -216,10 +216,11 @@ class DigestLookup:
         self.ds, self.kept = ds, kept
         self.cols = sorted(caption_columns)
         self.folder = columns_key(self.cols)
-        per_column = list(columns_files(ds, [*INPUTS, *self.cols]).values())
+        fragments = ds.get_fragments()
+        per_column = list(columns_files(ds, [*INPUTS, *self.cols], fragments).values())
         self.rows: dict[int, int] = {}
         self.keys: dict[int, str] = {}  # fragments with overlays (no kept file) are left out
-        for frag in ds.get_fragments():
+        for frag in fragments:
             fid = frag.fragment_id
             self.rows[fid] = frag.metadata.physical_rows
             if all(fid in files for files in per_column):

@@ -209,11 +209,13 @@ def column_files(ds: lance.LanceDataset, column: str) -> dict[int, tuple[str | N
     return columns_files(ds, [column])[column]
 
 
-def columns_files(ds: lance.LanceDataset, columns: Sequence[str]) -> dict[str, dict[int, tuple[str | None, int]]]:
-    """:func:`column_files` of several columns from one pass over the fragments' metadata."""
+def columns_files(ds: lance.LanceDataset, columns: Sequence[str],
+                  fragments: Sequence[lance.LanceFragment] | None = None) -> dict[str, dict[int, tuple[str | None, int]]]:
+    """:func:`column_files` of several columns from one pass over the fragments' metadata
+    (``fragments``: ``ds.get_fragments()`` when the caller holds them already)."""
     ids = {c: ds.lance_schema.field(c).id() for c in columns}
     out: dict[str, dict[int, tuple[str | None, int]]] = {c: {} for c in columns}
-    for frag in ds.get_fragments():
+    for frag in ds.get_fragments() if fragments is None else fragments:
         meta = frag.metadata
         if getattr(meta, "overlays", None):
             continue
