@@ -248,7 +248,7 @@ class _Scratch:
 def _rows_by_cell(cells: np.ndarray, wanted: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The rows of ``cells`` (:func:`cell_probes`, a row's cells in a row) filed under each cell they
     probe, their homes left out (:func:`_grouped`, rows in order within a cell); with ``wanted``
-    (a mask of the same shape as ``cells``) only the probes it marks."""
+    (a mask of the same shape as ``cells``, its homes' column cleared here) only the probes it marks."""
     per_row = cells.shape[1]
     if wanted is None:  # every probe but the homes
         rows, at = _grouped(cells[:, 1:].ravel(), k)
@@ -288,12 +288,10 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
     if new is None:
         probe_rows, probe_at = _rows_by_cell(cells, None, k)
     else:
-        fresh_cells = np.zeros(k * k, dtype=bool)  # the cells holding a new row
-        fresh_cells[cells[new, 0]] = True
         new_ids = np.flatnonzero(new)
-        fresh_rows = new_ids[np.argsort(cells[new_ids, 0], kind="stable")]
-        fresh_at = np.zeros(k * k + 1, dtype=np.int64)
-        np.cumsum(np.bincount(cells[new_ids, 0], minlength=k * k), out=fresh_at[1:])
+        fresh_rows, fresh_at = _grouped(cells[new_ids, 0], k)  # each cell's new rows
+        fresh_rows = new_ids[fresh_rows]
+        fresh_cells = np.diff(fresh_at) > 0  # the cells holding a new row
         new_probe_rows, new_probe_at = _rows_by_cell(cells, np.repeat(new[:, None], cells.shape[1], axis=1), k)
         old_wanted = fresh_cells[cells]
         old_wanted[new] = False
@@ -327,7 +325,7 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
                 keep(q[hits // width], members[hits % width])
 
     if new is not None:
-        visit = (np.diff(fresh_at) > 0) | (np.diff(new_probe_at) > 0)
+        visit = fresh_cells | (np.diff(new_probe_at) > 0)
         for c in np.flatnonzero(visit & (np.diff(home_at) > 0)):
             members = home_rows[home_at[c]:home_at[c + 1]]
             mv = decode_rows(codes[members], scale[members])
