@@ -166,3 +166,35 @@ def test_two_enrichments_of_one_batch_at_once_write_no_duplicate(batch) -> None:
     assert t.num_rows == 5 and pa.compute.max(keys.column("count_all")).as_py() == 1
     assert sorted(r.written for r in results) == [0, 5] and calls == [1]  # the second found it done
     assert max(r.lease_wait_seconds for r in results) > 0
+
+
+def test_a_lease_folder_removed_by_a_release_mid_write_or_mid_listing_is_not_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer releasing the last generation removes the empty lease folder; another taking the lease
+    at that moment may find it gone between making it and writing, or while listing it."""
+    import shutil
+
+    root = DataRoot(str(tmp_path))
+    real = Path.write_bytes
+    removed: list[Path] = []
+
+    def write_after_removal(self: Path, data: bytes) -> int:
+        if not removed:  # the folder vanishes once, right after it was made
+            removed.append(self.parent)
+            shutil.rmtree(self.parent)
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_after_removal)
+    assert root.write_new("leases/t/p/0000000001.json", b"{}")
+    root.write_bytes("leases/t/p/0000000001.beat", b"{}")
+    assert removed and sorted(root.list("leases/t/p")) == ["leases/t/p/0000000001.beat", "leases/t/p/0000000001.json"]
+    monkeypatch.setattr(Path, "write_bytes", real)
+
+    real_rglob = Path.rglob
+
+    def rglob_after_removal(self: Path, pattern: str) -> object:
+        shutil.rmtree(self)
+        return real_rglob(self, pattern)
+
+    monkeypatch.setattr(Path, "rglob", rglob_after_removal)
+    assert root.list("leases/t/p") == []

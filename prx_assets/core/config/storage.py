@@ -11,6 +11,7 @@ mosaicml-streaming (:class:`ObjectStoreSettings`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
@@ -206,10 +207,7 @@ class DataRoot:
             self._store().put(bucket, key, data)
             return
         path = Path(target)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        os.replace(_write_tmp(path, data), path)
 
     def write_new(self, rel: str, data: bytes) -> bool:
         """Create a file only if it does not exist yet; return False if it did.
@@ -223,9 +221,7 @@ class DataRoot:
             _, bucket, key = split_object_uri(target)
             return self._store().put_new(bucket, key, data)
         path = Path(target)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
+        tmp = _write_tmp(path, data)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -264,15 +260,32 @@ class DataRoot:
             root = Path(base)
             if not root.exists():
                 return
-            for p in root.rglob("*"):
-                if p.is_file() and not p.name.startswith("."):
-                    yield str(p.relative_to(self.uri)).replace(os.sep, "/")
+            with contextlib.suppress(FileNotFoundError):  # removed while listed (a lease released): as seen
+                for p in root.rglob("*"):
+                    if p.is_file() and not p.name.startswith("."):
+                        yield str(p.relative_to(self.uri)).replace(os.sep, "/")
             return
         _, bucket, key = split_object_uri(base)
         prefix = key.rstrip("/") + "/"
         _, _, root_key = split_object_uri(self.uri + "/")
         for obj in self._store().list(bucket, prefix):
             yield obj.key[len(root_key):]
+
+
+def _write_tmp(path: Path, data: bytes, tries: int = 5) -> Path:
+    """``data`` in a new hidden file beside ``path`` (its folder made first). Another process may
+    remove that folder once it is empty (a released lease's folder) between the two steps, so a
+    folder gone before the write is made again (``tries`` times at most)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    for attempt in range(tries):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            tmp.write_bytes(data)
+            return tmp
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
+    return tmp
 
 
 def read_uri(uri: str, settings: ObjectStoreSettings | None = None) -> bytes:
