@@ -206,3 +206,44 @@ def test_images_up_to_the_whole_limit_are_measured_exactly_and_larger_ones_estim
             estimate, worst = tiles_psnr(rgb, s.jpeg_quality, s.jpeg_subsampling)
             assert estimate >= s.q92_min_psnr_db + 2 and worst >= s.q92_min_psnr_db, "a photo well above"
             assert bounded == estimate != full, (w, h)
+
+
+def test_mosaic_squared_errors_are_exact_up_to_the_worst_difference() -> None:
+    """The tiles' squared errors summed in float32 a pixel row at a time equal an int64 sum, for
+    differences of 255 everywhere (the largest sums) and random ones; margins never count."""
+    from prx_assets.core.ingest.images import PSNR_MARGIN, PSNR_TILE
+    from prx_assets.core.ingest.pixel_error import mosaic_squared_errors
+
+    t, m = PSNR_TILE, PSNR_MARGIN
+    cell = t + 2 * m
+    rng = np.random.default_rng(3)
+    for rows, cols, make in ((2, 3, lambda shape: np.full(shape, 255, np.uint8)),
+                             (3, 5, lambda shape: rng.integers(0, 256, shape, dtype=np.uint8)),
+                             (1, 1, lambda shape: (rng.random(shape) < 0.01).astype(np.uint8) * 255)):
+        diff = make((rows * cell, cols * cell, 3))
+        got = mosaic_squared_errors(Image.fromarray(diff), rows, cols, t, m)
+        want = [int((diff[r * cell + m:r * cell + m + t, c * cell + m:c * cell + m + t].astype(np.int64) ** 2).sum())
+                for r in range(rows) for c in range(cols)]
+        assert got.tolist() == want
+    diff = np.zeros((cell, cell, 3), np.uint8)
+    diff[:m] = 255  # in the margin only
+    assert mosaic_squared_errors(Image.fromarray(diff), 1, 1, t, m).tolist() == [0]
+    with pytest.raises(ValueError, match="tiles of 96 pixels"):
+        mosaic_squared_errors(Image.new("RGB", (96, 96)), 1, 1, 96, 0)
+
+
+def test_band_cell_squared_errors_are_exact_and_match_a_cell_at_a_time() -> None:
+    """The q92 check's map sums a band's cells in one pass: the same values as summing each cell's
+    squared differences in int64, for the largest differences, random ones and a cut last cell;
+    cells that are not a multiple of 64 are left to the caller."""
+    from prx_assets.core.ingest.pixel_error import band_cell_squared_errors
+
+    rng = np.random.default_rng(5)
+    for w, h, cell, make in ((512, 128, 128, lambda shape: np.full(shape, 255, np.uint8)),
+                             (300, 128, 128, lambda shape: rng.integers(0, 256, shape, dtype=np.uint8)),
+                             (200, 37, 64, lambda shape: rng.integers(0, 9, shape, dtype=np.uint8)),
+                             (100, 5, 128, lambda shape: rng.integers(0, 256, shape, dtype=np.uint8))):
+        diff = make((h, w, 3))
+        want = [float((diff[:, x:x + cell].astype(np.int64) ** 2).sum()) for x in range(0, w, cell)]
+        assert band_cell_squared_errors(Image.fromarray(diff), cell).tolist() == want, (w, h, cell)
+    assert band_cell_squared_errors(Image.new("RGB", (100, 10)), 96) is None

@@ -34,6 +34,7 @@ import numpy as np
 from PIL import Image, ImageChops, ImageCms, ImageOps, UnidentifiedImageError
 
 from prx_assets.core.config.project import IngestSettings, bucket_ratios
+from prx_assets.core.ingest.pixel_error import mosaic_squared_errors
 from prx_assets.errors import PrxError
 
 
@@ -372,15 +373,8 @@ def tiles_psnr(rgb: Image.Image, quality: int, subsampling: str) -> tuple[float,
     mosaic = Image.new("RGB", (cols * cell, rows * cell))
     for i, (x, y) in enumerate(corners):
         mosaic.paste(rgb.crop((x - m, y - m, x + t + m, y + t + m)), ((i % cols) * cell, (i // cols) * cell))
-    decoded = np.asarray(decode_own_jpeg(encode_jpeg(mosaic, quality, subsampling), mosaic.size))
-    # Every cell's squared error over its tile (the cell less its margin): the tiles are viewed in
-    # place (a row of a cell as one run of 3 * t bytes), so margins are never subtracted or summed.
-    def tiles(a: np.ndarray) -> np.ndarray:
-        return a.reshape(rows, cell, cols, cell * 3)[:, m:m + t, :, 3 * m:3 * (m + t)]
-
-    d = np.subtract(tiles(np.asarray(mosaic)), tiles(decoded), dtype=np.int32)
-    d *= d
-    squared = d.sum(axis=(1, 3), dtype=np.int64).ravel()[:len(corners)].tolist()
+    decoded = decode_own_jpeg(encode_jpeg(mosaic, quality, subsampling), mosaic.size)
+    squared = mosaic_squared_errors(ImageChops.difference(mosaic, decoded), rows, cols, t, m)[:len(corners)].tolist()
 
     def db(mse: float) -> float:
         return EXACT_PSNR_DB if mse == 0 else min(EXACT_PSNR_DB, 10.0 * math.log10(255.0 ** 2 / mse))

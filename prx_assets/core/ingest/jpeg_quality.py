@@ -29,6 +29,7 @@ from PIL import Image, ImageChops
 
 from prx_assets.core.config.project import IngestSettings
 from prx_assets.core.ingest.images import decode_own_jpeg, decode_rgb, encode_jpeg, psnr_db
+from prx_assets.core.ingest.pixel_error import band_cell_squared_errors
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -227,9 +228,11 @@ def _first_cycle(rgb: Image.Image, jpeg: bytes, cell: int, quality: int, subsamp
                                                                                 subsampling)
         diff = ImageChops.difference(rgb.crop(band), stored)
         del stored
-        for left in range(0, w, cell):
-            boxes.append((left, top, min(w, left + cell), rows[1]))
-            errors.append(_squared_sum(diff.crop((left, 0, min(w, left + cell), rows[1] - top))))
+        lefts = range(0, w, cell)
+        boxes.extend((left, top, min(w, left + cell), rows[1]) for left in lefts)
+        by_cell = band_cell_squared_errors(diff, cell)  # the band's cells in one pass
+        errors.extend(by_cell.tolist() if by_cell is not None else
+                      [_squared_sum(diff.crop((left, 0, min(w, left + cell), rows[1] - top))) for left in lefts])
     return boxes, np.asarray(errors, dtype=np.float64), decoded
 
 
