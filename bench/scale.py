@@ -617,7 +617,8 @@ def child_main(argv: list[str]) -> None:
         result.update(seconds=time.perf_counter() - t, selected=sub.count, dropped=sub.dropped,
                       content_hash=sub.content_hash, search_model=sub.lineage.get("search_model"),
                       search_codes=sub.work.get("search_codes"), search_pairs=sub.work.get("search_pairs"),
-                      digests=sub.work.get("digests"), phash_pairs=sub.work.get("phash_pairs"))
+                      digests=sub.work.get("digests"), phash_pairs=sub.work.get("phash_pairs"),
+                      stage_seconds=sub.work.get("seconds"))
         if len(argv) > 2:
             pq.write_table(sub.selected.select(["image_id"]), argv[2])
     elif kind == "embedding_check":  # the inverted file vs every pair, for sampled query rows

@@ -120,6 +120,7 @@ def curated_subsets(context: dg.AssetExecutionContext, config: CurationConfig, s
             **({"digests": dg.MetadataValue.json(subset.work["digests"])} if "digests" in subset.work else {}),
             **({"phash_pairs": dg.MetadataValue.json(subset.work["phash_pairs"])}
                if "phash_pairs" in subset.work else {}),
+            **({"cut_seconds": dg.MetadataValue.json(subset.work["seconds"])} if "seconds" in subset.work else {}),
             **subset_pictures(ds, subset.selected.column("image_id"), subset.caption_columns[0] if subset.caption_columns else None,
                               subset.buckets, subset.dropped),
             "candidates": subset.total,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,6 +175,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     embedding dedup reads the survivors' vectors by row id into int8 codes.
     """
     out = Subset(recipe=recipe.name, version=ds.version, total=ds.count_rows())
+    lap = _Laps(out)
     out.caption_columns = resolve_caption_columns(ds, recipe.caption_names(), known_captioner_ids, recipe.name)
     clauses: list[str] = []
     remaining = out.total
@@ -202,6 +204,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         out.dropped[name] = n
     if optouts:
         out.dropped.setdefault("optout_requests", sum(out.optout_dropped.values()))
+    lap("candidates")
 
     # Dedup is greedy in one order (most pixels, then id). The rules run on the survivors' positions
     # in that order, each reading only its own column's values, never a sorted copy of the table.
@@ -217,6 +220,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         sha = t.column("_sha").take(pa.array(alive)).combine_chunks()
         apply("dedup_exact", first_occurrences(sha.dictionary_encode().indices.to_numpy()))
         del sha
+        lap("dedup_exact")
     if recipe.dedup.phash_distance is not None:
         if phash_pairs is not None:
             phash_pairs.stats = {}  # set again only if this cut searches pairs
@@ -225,6 +229,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
                                         keep_found=phash_pairs is not None and ds.version == ds.latest_version))
         if phash_pairs is not None and phash_pairs.stats:
             out.work["phash_pairs"] = dict(phash_pairs.stats)
+        lap("dedup_phash")
     if threshold is not None and embedding_column is not None:
         if search_models is not None:
             search_models.last = None  # set again only if this cut files its rows with a model
@@ -242,6 +247,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
             out.work["search_pairs"] = dict(search_pairs.stats)
         if search_models is not None and search_models.last is not None:
             out.lineage["search_model"] = dict(search_models.last)
+        lap("dedup_embedding")
     kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(np.sort(alive)))
     del t
     kept = kept.take(pc.sort_indices(kept, sort_keys=[("image_id", "ascending")]))
@@ -254,7 +260,23 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     out.content_hash = content_hash_of(out.caption_columns, out.selected)
     counts = pc.value_counts(kept.column("aspect_bucket")).to_pylist() if kept.num_rows else []
     out.buckets = dict(sorted((c["values"], int(c["counts"])) for c in counts))
+    lap("selected")
     return out
+
+
+class _Laps:
+    """Seconds of each stage of a cut, into ``work["seconds"]`` (each call closes the stage that began
+    at the one before): where a cut's time goes, reported with its run."""
+
+    def __init__(self, subset: Subset) -> None:
+        self.subset = subset
+        self.began = time.perf_counter()
+        subset.work["seconds"] = {}
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.subset.work["seconds"][stage] = round(now - self.began, 3)
+        self.began = now
 
 
 def _column_at(t: pa.Table, name: str, positions: np.ndarray) -> np.ndarray:
