@@ -275,6 +275,25 @@ def test_rules_per_scan_batch_match_the_row_by_row_definition(tmp_path: Path, mo
         assert s.optout_dropped == {req.request_id: want["request"]}
         assert sum(s.buckets.values()) == len(expected)
 
+    # the scan reads the URIs only for a rule that drops by URI: here the request; without it, the
+    # id list alone, not at all (the same cut otherwise)
+    read: list[list[str]] = []
+    scanner = lance.LanceDataset.scanner
+
+    def recording(self: lance.LanceDataset, *args: object, **kwargs: object) -> object:
+        read.append(list(kwargs.get("columns") or []))
+        return scanner(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "scanner", recording)
+    select(lance.dataset(uri), recipe, [], optouts=[req])
+    assert "uri" in read[-1]
+    ids_only = new_request(image_ids=(ids_[4], ids_[5]), uris=(), reason="takedown")
+    s = select(lance.dataset(uri), recipe, [], optouts=[ids_only])
+    assert "uri" not in read[-1] and "image_id" in read[-1]
+    passing = [r["image_id"] for r in t.to_pylist() if min(r["width"], r["height"]) >= 120
+               and r["image_id"] not in {ids_[3], ids_[4]}]
+    assert s.optout_dropped == {ids_only.request_id: passing.count(ids_[5])}
+
 
 def _vector_lab(uri: str, vecs: np.ndarray, first: int = 0, mode: str = "create", value_type: type = np.float32,
                 stable_row_ids: bool = False, storage_options: dict[str, str] | None = None,
