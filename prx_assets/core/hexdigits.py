@@ -45,6 +45,23 @@ def hex_digits(texts: pa.Array | pa.ChunkedArray, width: int) -> tuple[np.ndarra
     return digits, ok
 
 
+def hex64(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """Every text of 16 lowercase hex digits as the unsigned 64-bit number it spells (so the numbers'
+    order is the texts' order), 0 for the others, and which texts are such.
+
+    >>> keys, ok = hex64(pa.array(["00000000000000ff", "0123456789abcdef", "x", None]))
+    >>> keys.tolist(), ok.tolist()
+    ([255, 81985529216486895, 0, 0], [True, True, False, False])
+    """
+    digits, ok = hex_digits(texts, 16)
+    out = np.zeros(len(ok), dtype=np.uint64)
+    rows = np.flatnonzero(ok)
+    if len(rows):  # the digits' 8 bytes, most significant first, read as one big-endian word
+        raw = digit_bytes(digits if len(rows) == len(ok) else digits[rows])
+        out[rows] = np.ascontiguousarray(raw).view(">u8").ravel()
+    return out, ok
+
+
 def digit_bytes(digits: np.ndarray) -> np.ndarray:
     """Pairs of digit values (from :func:`hex_digits`) as bytes: ``n x width`` to ``n x width/2`` uint8.
 

@@ -66,3 +66,23 @@ def test_sha_keys_and_kept_digests_on_mixed_arrays() -> None:
     good = pa.array([t for t in _texts(100, 16, 3) if _is_hex(t, 16)]).slice(2)
     assert bytes_hex(hex_to_bytes(good)).equals(good)
 
+
+
+def test_ids_sort_as_the_numbers_they_spell_or_as_texts() -> None:
+    """A subset's ids are put in order by their 64-bit numbers when every id is 16 lowercase hex
+    digits (the order of the texts), and by Arrow's sort of the texts otherwise."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from prx_assets.core.curate.selection import id_order
+    from prx_assets.core.hexdigits import hex64
+
+    rng = np.random.default_rng(8)
+    vals = rng.integers(0, 2**64, 5000, dtype=np.uint64)
+    vals[:3] = [0, 2**64 - 1, 2**63]
+    hexed = pa.chunked_array([[f"{v:016x}" for v in vals[:2000].tolist()], [f"{v:016x}" for v in vals[2000:].tolist()]])
+    keys, ok = hex64(hexed)
+    assert ok.all() and np.array_equal(keys, vals)
+    assert np.array_equal(np.asarray(id_order(hexed)), pc.sort_indices(hexed).to_numpy())
+    mixed = pa.chunked_array([["00000000000000ff", "photo-2", "FFFFFFFFFFFFFFFF", "0000000000000001", "photo-10"]])
+    assert np.asarray(id_order(mixed)).tolist() == pc.sort_indices(mixed).to_numpy().tolist() == [3, 0, 2, 4, 1]

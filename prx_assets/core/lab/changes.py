@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.hexdigits import hex_digits
+from prx_assets.core.hexdigits import hex64
 from prx_assets.core.lab.sql import literal, table_by_ids, where_all
 from prx_assets.core.lab.table import dataset_size
 from prx_assets.core.sorted_lookup import lookup
@@ -184,16 +184,7 @@ def key64(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = arr.cast(pa.string())
-    out = np.zeros(len(arr), dtype=np.uint64)
-    if not len(arr):
-        return out
-    digits, hexed = hex_digits(arr, 16)
-    rows = np.flatnonzero(hexed)
-    if len(rows):
-        keys = np.zeros(len(rows), dtype=np.uint64)
-        for k in range(16):
-            keys = (keys << np.uint64(4)) | digits[rows, k].astype(np.uint64)
-        out[rows] = keys
+    out, hexed = hex64(arr)
     other = np.flatnonzero(~hexed)
     if len(other):
         import hashlib
