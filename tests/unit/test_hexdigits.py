@@ -74,15 +74,40 @@ def test_ids_sort_as_the_numbers_they_spell_or_as_texts() -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from prx_assets.core.curate.selection import id_order
+    from prx_assets.core.curate.selection import by_id
     from prx_assets.core.hexdigits import hex64
 
     rng = np.random.default_rng(8)
     vals = rng.integers(0, 2**64, 5000, dtype=np.uint64)
     vals[:3] = [0, 2**64 - 1, 2**63]
+    vals[10] = vals[11]  # an id twice: in position order
     hexed = pa.chunked_array([[f"{v:016x}" for v in vals[:2000].tolist()], [f"{v:016x}" for v in vals[2000:].tolist()]])
     keys, ok = hex64(hexed)
     assert ok.all() and np.array_equal(keys, vals)
-    assert np.array_equal(np.asarray(id_order(hexed)), pc.sort_indices(hexed).to_numpy())
+    some = rng.permutation(5000)[:3000]
+    some[:2] = [11, 10]
+    want = np.sort(some)[pc.sort_indices(hexed.take(pa.array(np.sort(some)))).to_numpy()]
+    assert np.array_equal(by_id(hexed, some), want)
     mixed = pa.chunked_array([["00000000000000ff", "photo-2", "FFFFFFFFFFFFFFFF", "0000000000000001", "photo-10"]])
-    assert np.asarray(id_order(mixed)).tolist() == pc.sort_indices(mixed).to_numpy().tolist() == [3, 0, 2, 4, 1]
+    assert by_id(mixed, np.array([4, 3, 2, 1, 0])).tolist() == pc.sort_indices(mixed).to_numpy().tolist() == [3, 0, 2, 4, 1]
+
+
+def test_key_first_occurrences_equal_a_dictionary_over_every_key() -> None:
+    """Exact dedup compares keys whole only where their first 8 bytes meet: the same first
+    occurrences as a dictionary over every key, in any order, over several chunks (one a slice),
+    with duplicates and with distinct keys that agree on their first 8 bytes."""
+    from prx_assets.core.curate.dedup import first_occurrences
+    from prx_assets.core.curate.selection import key_first_occurrences
+
+    rng = np.random.default_rng(12)
+    raw = rng.integers(0, 256, (3000, 32), dtype=np.uint8)
+    raw[1000:1400] = raw[rng.integers(0, 1000, 400)]  # duplicates
+    raw[1400:1500, :8] = raw[1500:1600, :8]  # same first 8 bytes, different keys
+    raw[1600:1650] = raw[1400:1450]  # and duplicates of those
+    keys = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), len(raw), [None, pa.py_buffer(raw.tobytes())])
+    chunked = pa.chunked_array([keys.slice(0, 700), keys.slice(700, 1600), keys.slice(2300)])
+    for order in (np.arange(len(raw)), rng.permutation(len(raw)), rng.permutation(len(raw))[:1700]):
+        want = first_occurrences(keys.take(pa.array(order)).dictionary_encode().indices.to_numpy())
+        got = key_first_occurrences(chunked, order)
+        assert np.array_equal(got, want)
+    assert key_first_occurrences(pa.chunked_array([], pa.binary(32)), np.zeros(0, np.int64)).tolist() == []

@@ -217,9 +217,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         alive = alive[keep]
 
     if recipe.dedup.exact:
-        sha = t.column("_sha").take(pa.array(alive)).combine_chunks()
-        apply("dedup_exact", first_occurrences(sha.dictionary_encode().indices.to_numpy()))
-        del sha
+        apply("dedup_exact", key_first_occurrences(t.column("_sha"), alive))
         lap("dedup_exact")
     if recipe.dedup.phash_distance is not None:
         if phash_pairs is not None:
@@ -248,9 +246,8 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         if search_models is not None and search_models.last is not None:
             out.lineage["search_model"] = dict(search_models.last)
         lap("dedup_embedding")
-    kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(np.sort(alive)))
+    kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(by_id(t.column("image_id"), alive)))
     del t
-    kept = kept.take(id_order(kept.column("image_id")))
     if recipe.cap is not None and kept.num_rows > recipe.cap:
         pick = np.sort(np.random.default_rng(recipe.seed).permutation(kept.num_rows)[: recipe.cap])
         out.dropped["cap"] = kept.num_rows - len(pick)
@@ -279,14 +276,16 @@ class _Laps:
         self.began = now
 
 
-def id_order(ids: pa.ChunkedArray | pa.Array) -> pa.Array | np.ndarray:
-    """Positions of ``ids`` in ascending order: the 16-hex-digit ids this project writes sorted as the
-    64-bit numbers they spell (the same order; 8.7M ids in about a third of the time of Arrow's string
-    sort), any other id set by Arrow's sort of the texts."""
+def by_id(ids: pa.ChunkedArray | pa.Array, positions: np.ndarray) -> np.ndarray:
+    """``positions`` (of ``ids``) in ascending order of their ids, equal ids in position order: the
+    16-hex-digit ids this project writes sorted as the 64-bit numbers they spell (the same order;
+    8.7M ids in about half the time of Arrow's sort of the texts, and the rows taken once, not twice),
+    any other id set by Arrow's sort of the texts."""
+    positions = np.sort(positions)
     keys, ok = hex64(ids)
     if ok.all():
-        return np.argsort(keys, kind="stable")
-    return pc.sort_indices(ids)
+        return positions[np.argsort(keys[positions], kind="stable")]
+    return positions[pc.sort_indices(ids.take(pa.array(positions))).to_numpy()]
 
 
 def _column_at(t: pa.Table, name: str, positions: np.ndarray) -> np.ndarray:
@@ -412,6 +411,46 @@ def _candidate_part(batch: pa.RecordBatch, rules: Sequence[RowRule], removed: li
 
 #: A sha256 text that is its own 32 bytes (lowercase hex).
 _HEX_TEXT = re.compile(r"[0-9a-f]{64}")
+
+
+def key_first_occurrences(keys: pa.ChunkedArray, order: np.ndarray) -> np.ndarray:
+    """Exact dedup of fixed-size binary ``keys`` (:func:`sha_keys`) in the order ``order`` (positions in
+    ``keys``): ``True`` for the first occurrence of each key, as :func:`first_occurrences` of the keys'
+    dictionary codes gives. The keys' first 8 bytes are sorted as numbers, and only the keys that share
+    them with another (duplicates, or two hashes that agree on 64 bits) are compared whole: 9.8M
+    sha256 keys in about a tenth of the time of a dictionary over every key (a hash table of 32-byte
+    keys, 11-14 s at 10M rows).
+
+    >>> k = sha_keys(pa.array(["ab" * 32, "cd" * 32, "ab" * 32, "ab" * 4 + "ef" * 28]))
+    >>> key_first_occurrences(pa.chunked_array([k]), np.array([3, 2, 1, 0])).tolist()
+    [True, True, True, False]
+    """
+    width = keys.type.byte_width
+    if width < 8:
+        return first_occurrences(keys.combine_chunks().take(pa.array(order)).dictionary_encode().indices.to_numpy())
+    lead = np.concatenate([_leading_words(c, width) for c in keys.chunks]) if keys.num_chunks else \
+        np.zeros(0, np.uint64)
+    lead = lead[order]
+    by = np.argsort(lead, kind="stable")  # positions in ``order`` by leading word, in order within one
+    sorted_lead = lead[by]
+    same = sorted_lead[1:] == sorted_lead[:-1]
+    shared = np.zeros(len(by), dtype=bool)
+    shared[1:] = same
+    shared[:-1] |= same
+    keep = np.ones(len(order), dtype=bool)
+    rows = np.sort(by[shared])  # the keys to compare whole, in order
+    if len(rows):
+        whole = keys.take(pa.array(order[rows])).combine_chunks()
+        keep[rows] = first_occurrences(whole.dictionary_encode().indices.to_numpy())
+    return keep
+
+
+def _leading_words(chunk: pa.FixedSizeBinaryArray, width: int) -> np.ndarray:
+    """The first 8 bytes of each value of ``chunk`` (values of ``width`` bytes) as a uint64, no copy
+    of the values."""
+    data = np.frombuffer(chunk.buffers()[1], dtype=np.uint8)[chunk.offset * width:(chunk.offset + len(chunk)) * width]
+    return np.ndarray(len(chunk), dtype=np.uint64, buffer=data, strides=(width,)) if len(chunk) else \
+        np.zeros(0, np.uint64)
 
 
 def sha_keys(sha256: pa.Array) -> pa.FixedSizeBinaryArray:
