@@ -98,7 +98,7 @@ def test_embedding_dedup_and_optout_lists(lab, tmp_path: Path) -> None:
     assert s.dropped["dedup_embedding"] == 1
     assert len({rows[0]["image_id"], rows[1]["image_id"]} & set(s.image_ids)) == 1
     # where the cut's time went, by the stages it ran (reported with the run, not part of the subset)
-    assert list(s.work["seconds"]) == ["candidates", "dedup_embedding", "selected"]
+    assert list(s.work["seconds"]) == ["candidates", "order", "dedup_embedding", "selected"]
     assert all(v >= 0 for v in s.work["seconds"].values())
     # the survivors' vectors are read by row id a block at a time into their order (taken or scanned)
     from prx_assets.core.curate.selection import read_by_row_ids

@@ -111,3 +111,23 @@ def test_key_first_occurrences_equal_a_dictionary_over_every_key() -> None:
         got = key_first_occurrences(chunked, order)
         assert np.array_equal(got, want)
     assert key_first_occurrences(pa.chunked_array([], pa.binary(32)), np.zeros(0, np.int64)).tolist() == []
+
+
+def test_dedup_order_equals_arrows_sort_by_pixels_then_id() -> None:
+    """Dedup's order (most pixels first, then the smallest id, equal ones in position order) from
+    NumPy sorts of the ids' numbers equals Arrow's stable sort of the two columns, with hex ids and
+    with other ids."""
+    import pyarrow.compute as pc
+
+    from prx_assets.core.curate.selection import dedup_order
+
+    rng = np.random.default_rng(9)
+    n = 4000
+    ids = [f"{v:016x}" for v in rng.integers(0, 2**63, n).tolist()]
+    ids[5] = ids[6]  # an id twice
+    area = rng.choice([640 * 480, 1024 * 768, 512 * 512, 300 * 300], n).astype(np.int64)
+    for id_texts in (ids, [*ids[:-1], "photo-1"]):
+        t = pa.table({"image_id": pa.chunked_array([id_texts[:1500], id_texts[1500:]]),
+                      "_area": pa.chunked_array([area[:1000], area[1000:]])})
+        want = pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]).to_numpy()
+        assert np.array_equal(dedup_order(t), want)

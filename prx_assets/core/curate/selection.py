@@ -208,7 +208,9 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
 
     # Dedup is greedy in one order (most pixels, then id). The rules run on the survivors' positions
     # in that order, each reading only its own column's values, never a sorted copy of the table.
-    alive = pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]).to_numpy()
+    id_keys = hex64(t.column("image_id"))
+    alive = dedup_order(t, id_keys)
+    lap("order")
 
     def apply(rule: str, keep: np.ndarray) -> None:
         nonlocal alive
@@ -246,7 +248,7 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         if search_models is not None and search_models.last is not None:
             out.lineage["search_model"] = dict(search_models.last)
         lap("dedup_embedding")
-    kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(by_id(t.column("image_id"), alive)))
+    kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(by_id(t.column("image_id"), alive, id_keys)))
     del t
     if recipe.cap is not None and kept.num_rows > recipe.cap:
         pick = np.sort(np.random.default_rng(recipe.seed).permutation(kept.num_rows)[: recipe.cap])
@@ -276,13 +278,29 @@ class _Laps:
         self.began = now
 
 
-def by_id(ids: pa.ChunkedArray | pa.Array, positions: np.ndarray) -> np.ndarray:
+def dedup_order(t: pa.Table, id_keys: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Positions of the candidates ``t`` (:func:`candidates`) in dedup's order: most pixels first, then
+    the smallest id, equal ones in position order (Arrow's stable sort of the two columns gives the
+    same). With the 16-hex-digit ids this project writes, two stable NumPy sorts, by the ids' 64-bit
+    numbers and then by pixels: 9.8M candidates in about a quarter of the time of Arrow's sort on the
+    id texts (9 s at 10M rows). ``id_keys``: :func:`~prx_assets.core.hexdigits.hex64` of the ids, when
+    the caller has it."""
+    keys, ok = hex64(t.column("image_id")) if id_keys is None else id_keys
+    if not ok.all():
+        return pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]).to_numpy()
+    by_key = np.argsort(keys, kind="stable")
+    area = t.column("_area").to_numpy()
+    return by_key[np.argsort(-area[by_key], kind="stable")]
+
+
+def by_id(ids: pa.ChunkedArray | pa.Array, positions: np.ndarray,
+          id_keys: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """``positions`` (of ``ids``) in ascending order of their ids, equal ids in position order: the
     16-hex-digit ids this project writes sorted as the 64-bit numbers they spell (the same order;
     8.7M ids in about half the time of Arrow's sort of the texts, and the rows taken once, not twice),
-    any other id set by Arrow's sort of the texts."""
+    any other id set by Arrow's sort of the texts. ``id_keys`` as in :func:`dedup_order`."""
     positions = np.sort(positions)
-    keys, ok = hex64(ids)
+    keys, ok = hex64(ids) if id_keys is None else id_keys
     if ok.all():
         return positions[np.argsort(keys[positions], kind="stable")]
     return positions[pc.sort_indices(ids.take(pa.array(positions))).to_numpy()]
