@@ -413,8 +413,11 @@ def _candidate_part(batch: pa.RecordBatch, rules: Sequence[RowRule], removed: li
     for k, rule in enumerate(rules):
         if not batch.num_rows:
             break
+        keep = rule(batch)
+        if keep.null_count == 0 and pc.all(keep).as_py():  # nothing to drop: no copy of the batch
+            continue
         before = batch.num_rows
-        batch = batch.filter(rule(batch))
+        batch = batch.filter(keep)
         removed[k] += before - batch.num_rows
     if not batch.num_rows:
         return None
