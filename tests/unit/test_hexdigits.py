@@ -74,7 +74,7 @@ def test_ids_sort_as_the_numbers_they_spell_or_as_texts() -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from prx_assets.core.curate.selection import by_id
+    from prx_assets.core.curate.selection import by_id, id_order
     from prx_assets.core.hexdigits import hex64
 
     rng = np.random.default_rng(8)
@@ -84,12 +84,12 @@ def test_ids_sort_as_the_numbers_they_spell_or_as_texts() -> None:
     hexed = pa.chunked_array([[f"{v:016x}" for v in vals[:2000].tolist()], [f"{v:016x}" for v in vals[2000:].tolist()]])
     keys, ok = hex64(hexed)
     assert ok.all() and np.array_equal(keys, vals)
-    some = rng.permutation(5000)[:3000]
-    some[:2] = [11, 10]
+    some = rng.permutation(np.union1d(rng.permutation(5000)[:3000], [10, 11]))  # distinct, both twins in
     want = np.sort(some)[pc.sort_indices(hexed.take(pa.array(np.sort(some)))).to_numpy()]
-    assert np.array_equal(by_id(hexed, some), want)
+    assert np.array_equal(by_id(hexed, some, id_order(hexed)), want)
     mixed = pa.chunked_array([["00000000000000ff", "photo-2", "FFFFFFFFFFFFFFFF", "0000000000000001", "photo-10"]])
-    assert by_id(mixed, np.array([4, 3, 2, 1, 0])).tolist() == pc.sort_indices(mixed).to_numpy().tolist() == [3, 0, 2, 4, 1]
+    assert id_order(mixed) is None
+    assert by_id(mixed, np.array([4, 3, 2, 1, 0]), None).tolist() == pc.sort_indices(mixed).to_numpy().tolist() == [3, 0, 2, 4, 1]
 
 
 def test_key_first_occurrences_equal_a_dictionary_over_every_key() -> None:
@@ -119,7 +119,7 @@ def test_dedup_order_equals_arrows_sort_by_pixels_then_id() -> None:
     with other ids."""
     import pyarrow.compute as pc
 
-    from prx_assets.core.curate.selection import dedup_order
+    from prx_assets.core.curate.selection import dedup_order, id_order
 
     rng = np.random.default_rng(9)
     n = 4000
@@ -130,4 +130,4 @@ def test_dedup_order_equals_arrows_sort_by_pixels_then_id() -> None:
         t = pa.table({"image_id": pa.chunked_array([id_texts[:1500], id_texts[1500:]]),
                       "_area": pa.chunked_array([area[:1000], area[1000:]])})
         want = pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]).to_numpy()
-        assert np.array_equal(dedup_order(t), want)
+        assert np.array_equal(dedup_order(t, id_order(t.column("image_id"))), want)
