@@ -53,6 +53,11 @@ def hex64(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     >>> keys.tolist(), ok.tolist()
     ([255, 81985529216486895, 0, 0], [True, True, False, False])
     """
+    if isinstance(texts, pa.ChunkedArray):  # a chunk at a time: no copy of every text at once
+        parts = [hex64(c) for c in texts.chunks]
+        if not parts:
+            return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=bool)
+        return np.concatenate([k for k, _ in parts]), np.concatenate([o for _, o in parts])
     digits, ok = hex_digits(texts, 16)
     out = np.zeros(len(ok), dtype=np.uint64)
     rows = np.flatnonzero(ok)
