@@ -290,8 +290,9 @@ def id_order(ids: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
 def dedup_order(t: pa.Table, ids_in_order: np.ndarray | None) -> np.ndarray:
     """Positions of the candidates ``t`` (:func:`candidates`) in dedup's order: most pixels first, then
     the smallest id, equal ones in position order, as Arrow's stable sort of the two columns gives.
-    With ``ids_in_order`` (:func:`id_order` of the ids) one more stable sort, by pixels: 9.8M
-    candidates in about a quarter of the time of Arrow's sort of the id texts (9 s at 10M rows)."""
+    With ``ids_in_order`` (:func:`id_order` of the ids) one more stable sort, by pixels: with the ids'
+    own sort, 9.8M candidates in 4.3-5.5 s in a 10M-row cut, against about 9 s for Arrow's sort with
+    the id texts as its second key."""
     if ids_in_order is None:
         return pc.sort_indices(t, sort_keys=[("_area", "descending"), ("image_id", "ascending")]).to_numpy()
     area = t.column("_area").to_numpy()
@@ -462,10 +463,9 @@ def key_first_occurrences(keys: pa.ChunkedArray, order: np.ndarray) -> np.ndarra
     if not len(repeated):
         return keep
     at = np.minimum(np.searchsorted(repeated, lead), len(repeated) - 1)
-    rows = np.flatnonzero(repeated[at] == lead)  # the keys to compare whole, in order
-    if len(rows):
-        whole = keys.take(pa.array(order[rows])).combine_chunks()
-        keep[rows] = first_occurrences(whole.dictionary_encode().indices.to_numpy())
+    rows = np.flatnonzero(repeated[at] == lead)  # the keys to compare whole, in order (two or more)
+    whole = keys.take(pa.array(order[rows])).combine_chunks()
+    keep[rows] = first_occurrences(whole.dictionary_encode().indices.to_numpy())
     return keep
 
 
