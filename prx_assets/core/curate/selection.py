@@ -472,9 +472,10 @@ def key_first_occurrences(keys: pa.ChunkedArray, order: np.ndarray) -> np.ndarra
 def _leading_words(chunk: pa.FixedSizeBinaryArray, width: int) -> np.ndarray:
     """The first 8 bytes of each value of ``chunk`` (values of ``width`` bytes) as a uint64, no copy
     of the values."""
+    if not len(chunk):
+        return np.zeros(0, np.uint64)
     data = np.frombuffer(chunk.buffers()[1], dtype=np.uint8)[chunk.offset * width:(chunk.offset + len(chunk)) * width]
-    return np.ndarray(len(chunk), dtype=np.uint64, buffer=data, strides=(width,)) if len(chunk) else \
-        np.zeros(0, np.uint64)
+    return np.ndarray(len(chunk), dtype=np.uint64, buffer=data, strides=(width,))
 
 
 def sha_keys(sha256: pa.Array) -> pa.FixedSizeBinaryArray:
