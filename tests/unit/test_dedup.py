@@ -335,3 +335,22 @@ def test_greedy_keep_in_rounds_equals_item_by_item(seed: int) -> None:
     shuffle = rng.permutation(len(later))
     later, earlier = later[shuffle], earlier[shuffle]
     assert greedy_keep(n, later, earlier).tolist() == _greedy_one_by_one(n, later, earlier)
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.int64, np.int32])
+def test_first_occurrences_from_the_repeating_values_equal_a_sort_of_every_key(dtype: type) -> None:
+    """Exact dedup sorts only the keys that repeat: the same first occurrences as ``np.unique``'s
+    first indices over every key, with many repeats, none, one key only and the extremes of the type."""
+    from prx_assets.core.curate.dedup import first_occurrences, repeating
+
+    rng = np.random.default_rng(4)
+    info = np.iinfo(dtype)
+    for keys in (rng.integers(0, 50, 3000).astype(dtype), rng.permutation(3000).astype(dtype),
+                 np.full(10, info.max, dtype), np.array([info.min, info.max, info.min], dtype), np.zeros(1, dtype),
+                 np.zeros(0, dtype), rng.integers(info.min, info.max, 5000, dtype=dtype, endpoint=True)):
+        want = np.zeros(len(keys), dtype=bool)
+        if len(keys):
+            want[np.unique(keys, return_index=True)[1]] = True
+        assert np.array_equal(first_occurrences(keys), want)
+        counts = {k: c for k, c in zip(*np.unique(keys, return_counts=True), strict=True)}
+        assert repeating(keys).tolist() == [i for i, k in enumerate(keys) if counts[k] > 1]

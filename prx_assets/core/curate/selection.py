@@ -34,6 +34,7 @@ from prx_assets.core.curate.dedup import (
     near_duplicates_embedding,
     phash_keep,
     projected_pairs,
+    repeating,
     search_map,
 )
 from prx_assets.core.curate.digests import content_hash_of, digests_of
@@ -456,16 +457,11 @@ def key_first_occurrences(keys: pa.ChunkedArray, order: np.ndarray) -> np.ndarra
         return first_occurrences(keys.combine_chunks().take(pa.array(order)).dictionary_encode().indices.to_numpy())
     lead = np.concatenate([_leading_words(c, width) for c in keys.chunks]) if keys.num_chunks else \
         np.zeros(0, np.uint64)
-    lead = lead[order]
-    sorted_lead = np.sort(lead)  # values only (a vectorized sort: a tenth of an argsort's time)
-    repeated = np.unique(sorted_lead[1:][sorted_lead[1:] == sorted_lead[:-1]])
     keep = np.ones(len(order), dtype=bool)
-    if not len(repeated):
-        return keep
-    at = np.minimum(np.searchsorted(repeated, lead), len(repeated) - 1)
-    rows = np.flatnonzero(repeated[at] == lead)  # the keys to compare whole, in order (two or more)
-    whole = keys.take(pa.array(order[rows])).combine_chunks()
-    keep[rows] = first_occurrences(whole.dictionary_encode().indices.to_numpy())
+    rows = repeating(lead[order])  # the keys to compare whole, in order
+    if len(rows):
+        whole = keys.take(pa.array(order[rows])).combine_chunks()
+        keep[rows] = first_occurrences(whole.dictionary_encode().indices.to_numpy())
     return keep
 
 
