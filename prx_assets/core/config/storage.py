@@ -277,14 +277,13 @@ def _write_tmp(path: Path, data: bytes, tries: int = 5) -> Path:
     remove that folder once it is empty (a released lease's folder) between the two steps, so a
     folder gone before the write is made again (``tries`` times at most)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    for attempt in range(tries):
+    for _ in range(tries - 1):
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             tmp.write_bytes(data)
             return tmp
-        except FileNotFoundError:
-            if attempt == tries - 1:
-                raise
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_bytes(data)  # the last try: a folder gone again is the caller's error
     return tmp
 
 

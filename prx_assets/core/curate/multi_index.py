@@ -219,6 +219,8 @@ def cell_probes(codes: np.ndarray, scale: np.ndarray, table: TableModel, probes:
     return cells
 
 
+#: Positions reordered at a time in place (bounds the temporaries).
+REORDER_CHUNK = 1 << 20
 #: Queries gathered at a time against a cell's members (their codes as int8 and float32: 1.3 MB
 #: for 128-d codes).
 QUERY_BLOCK = 2048
@@ -260,10 +262,6 @@ def _rows_by_cell(cells: np.ndarray, wanted: np.ndarray | None, k: int) -> tuple
     for a in range(0, len(rows), REORDER_CHUNK):  # entries[rows] // per_row in place, a chunk at a time
         rows[a:a + REORDER_CHUNK] = entries[rows[a:a + REORDER_CHUNK]] // per_row
     return rows, at
-
-
-#: Positions reordered at a time in place (bounds the temporaries).
-REORDER_CHUNK = 1 << 20
 
 
 def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: TableModel,
