@@ -144,6 +144,32 @@ def test_output_is_jpeg_at_configured_quality_without_metadata() -> None:
     assert out.sha256 == __import__("hashlib").sha256(encode(im, "PNG")).hexdigest()
 
 
+
+def test_a_source_jpegs_comment_is_not_stored() -> None:
+    # Pillow's save writes a decoded JPEG's comment back; the stored JPEG must not carry it.
+    buf = io.BytesIO()
+    photo(300, 200).save(buf, "JPEG", quality=95, comment=b"internal path /mnt/team/private")
+    out = normalize(buf.getvalue(), S, keep_rgb=True)
+    assert out.rgb is not None and out.rgb.info.get("comment")  # the pixels still carry it
+    assert b"internal path" not in out.jpeg and b"\xff\xfe" not in out.jpeg  # no COM marker
+
+
+@pytest.mark.parametrize("size", [(1, 1), (16, 16), (160, 160), (1001, 777), (2400, 1600)])
+@pytest.mark.parametrize(("quality", "subsampling"), [(92, "4:2:0"), (95, "4:4:4"), (50, "4:2:2")])
+def test_encode_jpeg_is_pillows_save_byte_for_byte(size: tuple[int, int], quality: int, subsampling: str) -> None:
+    # encode_jpeg calls libjpeg directly with the arguments Pillow's writer builds; noise makes the
+    # large sizes overflow the first output buffer, so the encoder is called more than once.
+    from prx_assets.core.ingest.images import encode_jpeg
+
+    rgb = Image.fromarray(np.random.default_rng(size[0]).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    rgb.save(buf, "JPEG", quality=quality, subsampling=subsampling, optimize=False)
+    assert encode_jpeg(rgb, quality, subsampling) == buf.getvalue()
+    gray = rgb.convert("L")  # another mode goes through save
+    buf = io.BytesIO()
+    gray.save(buf, "JPEG", quality=quality, subsampling=subsampling, optimize=False)
+    assert encode_jpeg(gray, quality, subsampling) == buf.getvalue()
+
 def test_max_side_downscale_and_jpeg_draft() -> None:
     big = photo(1600, 1000)
     s = IngestSettings(max_side=400)
