@@ -271,7 +271,7 @@ def encode_jpeg(rgb: Image.Image, quality: int, subsampling: str = "4:2:0") -> b
     try:
         encoder.setimage(rgb.im, (0, 0, *rgb.size))
         chunks = []
-        bufsize = max(_ENCODE_BLOCK, rgb.size[0] * rgb.size[1])  # q92 output is below 1 byte a pixel: one call
+        bufsize = max(_ENCODE_BLOCK, rgb.size[0] * 4)  # Pillow's: a tile's output in one call, a large image's in a few
         while True:
             _, status, data = encoder.encode(bufsize)
             chunks.append(data)
