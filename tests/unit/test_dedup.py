@@ -307,6 +307,33 @@ def test_rows_grouped_by_cell_are_a_stable_sort_with_their_offsets(k: int) -> No
     assert np.array_equal(at, np.searchsorted(keys[rows], np.arange(k * k + 1)))
 
 
+
+@pytest.mark.parametrize("fresh_share", [0.001, 0.3, 0.9])
+def test_earlier_rows_filed_under_the_cells_holding_a_new_row(fresh_share: float) -> None:
+    """The new-row search files the other rows' probes into cells holding a new row by those cells'
+    rank (one radix pass up to 65,536 such cells, two past it: 0.9 of 300 x 300 cells is 81,000):
+    each such cell gets exactly the rows that are not new and probe it outside their home, in row
+    order, a row once per probe."""
+    from prx_assets.core.curate.multi_index import _old_probes
+
+    rng = np.random.default_rng(int(fresh_share * 1000))
+    n_cells = 300 * 300
+    cells = rng.integers(0, n_cells, (60_000, 9)).astype(np.int32)
+    fresh = rng.random(n_cells) < fresh_share
+    new = rng.random(len(cells)) < 0.02
+    rank, rows, at = _old_probes(cells, fresh, new)
+    fresh_ids = np.flatnonzero(fresh)
+    assert np.array_equal(np.flatnonzero(rank >= 0), fresh_ids) and np.array_equal(rank[fresh_ids],
+                                                                                  np.arange(len(fresh_ids)))
+    want: dict[int, list[int]] = {int(c): [] for c in fresh_ids}
+    for r in np.flatnonzero(~new).tolist():
+        for c in cells[r, 1:].tolist():
+            if fresh[c]:
+                want[c].append(r)
+    for c in fresh_ids.tolist():
+        assert rows[at[rank[c]]:at[rank[c] + 1]].tolist() == want[c]
+    assert at[len(fresh_ids)] == len(rows) == sum(len(v) for v in want.values())
+
 def _greedy_one_by_one(n: int, later: np.ndarray, earlier: np.ndarray) -> list[bool]:
     partners: dict[int, list[int]] = {}
     for i, j in zip(later.tolist(), earlier.tolist(), strict=True):

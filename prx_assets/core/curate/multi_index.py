@@ -38,6 +38,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from prx_assets.errors import PrxError
 
@@ -264,6 +265,38 @@ def _rows_by_cell(cells: np.ndarray, wanted: np.ndarray | None, k: int) -> tuple
     return rows, at
 
 
+def _old_probes(cells: np.ndarray, fresh_cells: np.ndarray, new: np.ndarray,
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows that are not ``new`` filed under each cell holding a new row (``fresh_cells``, a mask
+    of the cells) that they probe, their homes left out: each such cell's rank among those cells, the
+    rows grouped by it (in row order within a cell, as :func:`_rows_by_cell`) and each rank's start in
+    them. Keyed by rank rather than by cell, the keys fit one 16-bit radix pass up to 65,536 cells
+    holding a new row (a batch of 1% at 10M rows reaches about 56,000 of 78,400 cells), where cell ids
+    take two above 65,536 cells.
+
+    >>> cells = np.array([[0, 1, 2], [1, 0, 2], [2, 1, 0], [1, 2, 0]], dtype=np.int32)
+    >>> rank, rows, at = _old_probes(cells, np.array([False, True, True]), np.array([False, False, False, True]))
+    >>> rank.tolist(), rows.tolist(), at[:3].tolist()
+    ([-1, 0, 1], [0, 2, 0, 1], [0, 2, 4])
+    """
+    fresh_ids = np.flatnonzero(fresh_cells)
+    rank = np.full(len(fresh_cells), -1, dtype=np.int32)
+    rank[fresh_ids] = np.arange(len(fresh_ids), dtype=np.int32)
+    per_row = cells.shape[1] - 1
+    ranks = rank[cells[:, 1:]]  # every probe but the homes, as ranks (-1: a cell without a new row)
+    wanted = ranks >= 0
+    wanted[new] = False
+    entries = np.flatnonzero(wanted)
+    del wanted
+    keys = ranks.ravel()[entries]
+    del ranks
+    rows, at = _grouped(keys, max(1, math.isqrt(max(0, len(fresh_ids) - 1)) + 1))
+    del keys
+    for a in range(0, len(rows), REORDER_CHUNK):  # entries[rows] // per_row in place, a chunk at a time
+        rows[a:a + REORDER_CHUNK] = entries[rows[a:a + REORDER_CHUNK]] // per_row
+    return rank, rows, at
+
+
 def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: TableModel,
                  probes: int, kept: Callable[[], np.ndarray] | None = None,
                  new: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -291,10 +324,7 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
         fresh_rows = new_ids[fresh_rows]
         fresh_cells = np.diff(fresh_at) > 0  # the cells holding a new row
         new_probe_rows, new_probe_at = _rows_by_cell(cells, np.repeat(new[:, None], cells.shape[1], axis=1), k)
-        old_wanted = fresh_cells[cells]
-        old_wanted[new] = False
-        old_probe_rows, old_probe_at = _rows_by_cell(cells, old_wanted, k)
-        del old_wanted
+        fresh_rank, old_probe_rows, old_probe_at = _old_probes(cells, fresh_cells, new)
     del cells
     found_i: list[np.ndarray] = []
     found_j: list[np.ndarray] = []
@@ -322,29 +352,35 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
             if len(hits):
                 keep(q[hits // width], members[hits % width])
 
-    if new is not None:
-        visit = fresh_cells | (np.diff(new_probe_at) > 0)
-        for c in np.flatnonzero(visit & (np.diff(home_at) > 0)):
-            members = home_rows[home_at[c]:home_at[c + 1]]
-            mv = decode_rows(codes[members], scale[members])
-            fresh = fresh_rows[fresh_at[c]:fresh_at[c + 1]]
-            if len(fresh):  # pairs inside the cell with a new row (itself: dropped below)
-                fresh_v = decode_rows(codes[fresh], scale[fresh])
-                mi, mj = np.nonzero(fresh_v @ mv.T >= threshold)
-                if len(mi):
-                    keep(fresh[mi], members[mj])
-                against(old_probe_rows[old_probe_at[c]:old_probe_at[c + 1]], fresh, fresh_v)
-            against(new_probe_rows[new_probe_at[c]:new_probe_at[c + 1]], members, mv)
-    else:
-        for c in np.flatnonzero(np.diff(home_at)):
-            members = home_rows[home_at[c]:home_at[c + 1]]
-            queries = probe_rows[probe_at[c]:probe_at[c + 1]]
-            mv = decode_rows(codes[members], scale[members])
-            if len(members) > 1:  # pairs inside the cell, each once
-                mi, mj = np.nonzero(np.triu(mv @ mv.T >= threshold, 1))
-                if len(mi):
-                    keep(members[mi], members[mj])
-            against(queries, members, mv)
+    # Every product from here on is small (a cell's rows against a few queries): BLAS's threads cost more
+    # than they share out (on 2 cores a table took twice as long with 2 threads as with 1 when the
+    # machine had other work, and no less when it had none), and on a node of many cores each
+    # call would wake them all.
+    with threadpool_limits(limits=1, user_api="blas"):
+        if new is not None:
+            visit = fresh_cells | (np.diff(new_probe_at) > 0)
+            for c in np.flatnonzero(visit & (np.diff(home_at) > 0)):
+                members = home_rows[home_at[c]:home_at[c + 1]]
+                mv = decode_rows(codes[members], scale[members])
+                fresh = fresh_rows[fresh_at[c]:fresh_at[c + 1]]
+                if len(fresh):  # pairs inside the cell with a new row (itself: dropped below)
+                    fresh_v = decode_rows(codes[fresh], scale[fresh])
+                    mi, mj = np.nonzero(fresh_v @ mv.T >= threshold)
+                    if len(mi):
+                        keep(fresh[mi], members[mj])
+                    r = fresh_rank[c]
+                    against(old_probe_rows[old_probe_at[r]:old_probe_at[r + 1]], fresh, fresh_v)
+                against(new_probe_rows[new_probe_at[c]:new_probe_at[c + 1]], members, mv)
+        else:
+            for c in np.flatnonzero(np.diff(home_at)):
+                members = home_rows[home_at[c]:home_at[c + 1]]
+                queries = probe_rows[probe_at[c]:probe_at[c + 1]]
+                mv = decode_rows(codes[members], scale[members])
+                if len(members) > 1:  # pairs inside the cell, each once
+                    mi, mj = np.nonzero(np.triu(mv @ mv.T >= threshold, 1))
+                    if len(mi):
+                        keep(members[mi], members[mj])
+                against(queries, members, mv)
     if not found_i:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     i, j = np.concatenate(found_i), np.concatenate(found_j)
