@@ -272,9 +272,10 @@ def _old_probes(cells: np.ndarray, fresh_cells: np.ndarray, new: np.ndarray,
     """The rows that are not ``new`` filed under each cell holding a new row (``fresh_cells``, a mask
     of the cells) that they probe, their homes left out: each such cell's rank among those cells, the
     rows grouped by it (in row order within a cell, as :func:`_rows_by_cell`) and each rank's start in
-    them. Keyed by rank rather than by cell, the keys fit one 16-bit radix pass up to 65,536 cells
+    them. Keyed by rank rather than by cell, the keys fit one 16-bit radix pass up to 65,535 cells
     holding a new row (a batch of 1% at 10M rows reaches about 56,000 of 78,400 cells), where cell ids
-    take two above 65,536 cells.
+    take two above 65,536 cells; every probe is filed, the others under one more key, last, so that
+    each filed probe's row is its position over the probes a row has (no gather back).
 
     >>> cells = np.array([[0, 1, 2], [1, 0, 2], [2, 1, 0], [1, 2, 0]], dtype=np.int32)
     >>> rank, rows, at = _old_probes(cells, np.array([False, True, True]), np.array([False, False, False, True]))
@@ -282,20 +283,25 @@ def _old_probes(cells: np.ndarray, fresh_cells: np.ndarray, new: np.ndarray,
     ([-1, 0, 1], [0, 2, 0, 1], [0, 2, 4])
     """
     fresh_ids = np.flatnonzero(fresh_cells)
-    rank = np.full(len(fresh_cells), -1, dtype=np.int32)
-    rank[fresh_ids] = np.arange(len(fresh_ids), dtype=np.int32)
+    n_fresh = len(fresh_ids)
+    rank = np.full(len(fresh_cells), n_fresh, dtype=np.int32)  # n_fresh: no new row there, filed last
+    rank[fresh_ids] = np.arange(n_fresh, dtype=np.int32)
     per_row = cells.shape[1] - 1
-    ranks = rank[cells[:, 1:]]  # every probe but the homes, as ranks (-1: a cell without a new row)
-    wanted = ranks >= 0
-    wanted[new] = False
-    entries = np.flatnonzero(wanted)
-    del wanted
-    keys = ranks.ravel()[entries]
-    del ranks
-    rows, at = _grouped(keys, max(1, math.isqrt(max(0, len(fresh_ids) - 1)) + 1))
+    keys = rank[cells[:, 1:]]  # every probe but the homes, as ranks
+    keys[new] = n_fresh  # a new row's probes are searched from its side
+    # Every probe is filed, those left out under the last key, so that a probe's row is its position
+    # over ``per_row``: no list of the wanted probes to gather back from afterwards (a random gather
+    # of every filed probe, the largest part of this when half the probes or more are wanted).
+    rows, at = _grouped(keys.ravel(), math.isqrt(n_fresh) + 1)
     del keys
-    for a in range(0, len(rows), REORDER_CHUNK):  # entries[rows] // per_row in place, a chunk at a time
-        rows[a:a + REORDER_CHUNK] = entries[rows[a:a + REORDER_CHUNK]] // per_row
+    filed = int(at[n_fresh])
+    if rows.base is None:  # the probes left out are last: dropped without a copy
+        rows.resize(filed, refcheck=False)
+    else:
+        rows = rows[:filed].copy()
+    rows //= per_row
+    rank[rank == n_fresh] = -1
+    at = at[:n_fresh + 1]
     return rank, rows, at
 
 
