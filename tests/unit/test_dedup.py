@@ -294,29 +294,6 @@ def test_multi_index_pairs_with_a_new_row_complete_the_pairs_found_among_the_oth
     assert len(nothing) == 0
 
 
-
-def test_multi_index_pairs_do_not_depend_on_the_search_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cells are shared out over threads in parts; the pairs, whole or with a new row, are the
-    same bit for bit on 1, 2 or 5 threads (more parts than cells included), and a bad thread count
-    is named."""
-    from prx_assets.core.curate import multi_index as mi
-
-    vecs, _ = spread_pairs(6_000, 64, seed=9, low=0.9)
-    codes, scale = mi.encode_rows(vecs)
-    model = mi.train_model(codes, scale, np.random.default_rng(0))
-    new = np.random.default_rng(2).random(len(codes)) < 0.02
-    got = {}
-    for threads in ("1", "2", "5"):
-        monkeypatch.setenv("PRX_SEARCH_THREADS", threads)
-        got[threads] = (mi.multi_index_pairs(codes, scale, 0.88, None, model=model),
-                        mi.multi_index_pairs(codes, scale, 0.88, None, model=model, new=new))
-    assert len(got["1"][0]) > 50 and len(got["1"][1]) > 0
-    for threads in ("2", "5"):
-        assert all(np.array_equal(a, b) for a, b in zip(got["1"], got[threads], strict=True))
-    monkeypatch.setenv("PRX_SEARCH_THREADS", "many")
-    with pytest.raises(mi.SearchModelError, match="PRX_SEARCH_THREADS='many'"):
-        mi.search_workers()
-
 @pytest.mark.parametrize("k", [1, 12, 256, 300])
 def test_rows_grouped_by_cell_are_a_stable_sort_with_their_offsets(k: int) -> None:
     """The multi-index files rows by cell with radix passes (one while the cells fit 16 bits, two,

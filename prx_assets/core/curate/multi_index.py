@@ -32,9 +32,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -334,43 +332,42 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
         new_probe_rows, new_probe_at = _rows_by_cell(cells, np.repeat(new[:, None], cells.shape[1], axis=1), k)
         fresh_rank, old_probe_rows, old_probe_at = _old_probes(cells, fresh_cells, new)
     del cells
-    if new is not None:
-        visit = np.flatnonzero((fresh_cells | (np.diff(new_probe_at) > 0)) & (np.diff(home_at) > 0))
-    else:
-        visit = np.flatnonzero(np.diff(home_at))
+    found_i: list[np.ndarray] = []
+    found_j: list[np.ndarray] = []
 
-    def search(cells_part: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """The pairs found in the cells ``cells_part`` (each part has its own buffers and lists)."""
-        found_i: list[np.ndarray] = []
-        found_j: list[np.ndarray] = []
+    def keep(a: np.ndarray, b: np.ndarray) -> None:
+        found_i.append(np.maximum(a, b))
+        found_j.append(np.minimum(a, b))
 
-        def keep(a: np.ndarray, b: np.ndarray) -> None:
-            found_i.append(np.maximum(a, b))
-            found_j.append(np.minimum(a, b))
+    scratch = _Scratch(codes.shape[1])
 
-        scratch = _Scratch(codes.shape[1])
+    def against(queries: np.ndarray, members: np.ndarray, mv: np.ndarray) -> None:
+        """Pairs of ``queries`` with the cell's ``members`` (decoded as ``mv``) at the threshold."""
+        step = max(1, min(QUERY_BLOCK, PRODUCT_BLOCK // max(1, len(members))))
+        width = len(members)
+        for a in range(0, len(queries), step):
+            q = queries[a:a + step]
+            # the queries' codes times the members, scaled per query afterwards: the same
+            # similarities as decoding the queries first (up to rounding) without scaling every
+            # code, which costs as much as the product when a cell holds one or two new rows;
+            # gathered and converted into buffers kept for the whole table (a fresh block each
+            # time was half of a cell's time when it holds one new row and a thousand queries)
+            sims = scratch.products(q, codes, mv)
+            sims *= scale[q][:, None]
+            hits = np.flatnonzero(sims >= threshold)
+            if len(hits):
+                keep(q[hits // width], members[hits % width])
 
-        def against(queries: np.ndarray, members: np.ndarray, mv: np.ndarray) -> None:
-            """Pairs of ``queries`` with the cell's ``members`` (decoded as ``mv``) at the threshold."""
-            step = max(1, min(QUERY_BLOCK, PRODUCT_BLOCK // max(1, len(members))))
-            width = len(members)
-            for a in range(0, len(queries), step):
-                q = queries[a:a + step]
-                # the queries' codes times the members, scaled per query afterwards: the same
-                # similarities as decoding the queries first (up to rounding) without scaling every
-                # code, which costs as much as the product when a cell holds one or two new rows;
-                # gathered and converted into buffers kept for the whole part (a fresh block each
-                # time was half of a cell's time when it holds one new row and a thousand queries)
-                sims = scratch.products(q, codes, mv)
-                sims *= scale[q][:, None]
-                hits = np.flatnonzero(sims >= threshold)
-                if len(hits):
-                    keep(q[hits // width], members[hits % width])
-
-        for c in cells_part.tolist():
-            members = home_rows[home_at[c]:home_at[c + 1]]
-            mv = decode_rows(codes[members], scale[members])
-            if new is not None:
+    # Every product from here on is small (a cell's rows against a few queries): BLAS's threads cost more
+    # than they share out (on 2 cores a table took twice as long with 2 threads as with 1 when the
+    # machine had other work, and no less when it had none), and on a node of many cores each
+    # call would wake them all.
+    with threadpool_limits(limits=1, user_api="blas"):
+        if new is not None:
+            visit = fresh_cells | (np.diff(new_probe_at) > 0)
+            for c in np.flatnonzero(visit & (np.diff(home_at) > 0)):
+                members = home_rows[home_at[c]:home_at[c + 1]]
+                mv = decode_rows(codes[members], scale[members])
                 fresh = fresh_rows[fresh_at[c]:fresh_at[c + 1]]
                 if len(fresh):  # pairs inside the cell with a new row (itself: dropped below)
                     fresh_v = decode_rows(codes[fresh], scale[fresh])
@@ -380,53 +377,21 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
                     r = fresh_rank[c]
                     against(old_probe_rows[old_probe_at[r]:old_probe_at[r + 1]], fresh, fresh_v)
                 against(new_probe_rows[new_probe_at[c]:new_probe_at[c + 1]], members, mv)
-            else:
+        else:
+            for c in np.flatnonzero(np.diff(home_at)):
+                members = home_rows[home_at[c]:home_at[c + 1]]
+                queries = probe_rows[probe_at[c]:probe_at[c + 1]]
+                mv = decode_rows(codes[members], scale[members])
                 if len(members) > 1:  # pairs inside the cell, each once
                     mi, mj = np.nonzero(np.triu(mv @ mv.T >= threshold, 1))
                     if len(mi):
                         keep(members[mi], members[mj])
-                against(probe_rows[probe_at[c]:probe_at[c + 1]], members, mv)
-        return found_i, found_j
-
-    # Every product from here on is small (a cell's rows against a few queries): BLAS's threads cost
-    # more than they share out, so BLAS runs one thread and the cells are shared out instead, in
-    # contiguous parts over ``workers`` threads (NumPy's gathers, conversions and BLAS release the
-    # GIL); the parts' pairs are put together in part order, so the result does not depend on them.
-    workers = search_workers()
-    parts = np.array_split(visit, min(len(visit), workers * PARTS_PER_WORKER)) if workers > 1 else [visit]
-    with threadpool_limits(limits=1, user_api="blas"):
-        if len(parts) > 1:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                results = list(pool.map(search, parts))
-        else:
-            results = [search(part) for part in parts]
-    found_i = [a for part_i, _ in results for a in part_i]
-    found_j = [b for _, part_j in results for b in part_j]
+                against(queries, members, mv)
     if not found_i:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     i, j = np.concatenate(found_i), np.concatenate(found_j)
     distinct = i != j
     return i[distinct], j[distinct]
-
-
-#: Parts per search thread the cells are split into (evens out the threads' work).
-PARTS_PER_WORKER = 8
-
-
-def search_workers() -> int:
-    """Threads the multi-index's cell loop runs on: ``PRX_SEARCH_THREADS`` when set, else the CPUs
-    this process may run on."""
-    env = os.environ.get("PRX_SEARCH_THREADS", "").strip()
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise SearchModelError(f"PRX_SEARCH_THREADS={env!r} is not a whole number of threads; "
-                                   "set it to 1 or more, or unset it to use every CPU") from None
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def cells_per_half(n: int, cell_rows: int = CELL_ROWS) -> int:
