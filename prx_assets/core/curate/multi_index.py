@@ -358,10 +358,11 @@ def _table_pairs(codes: np.ndarray, scale: np.ndarray, threshold: float, table: 
             if len(hits):
                 keep(q[hits // width], members[hits % width])
 
-    # Every product from here on is small (a cell's rows against a few queries): BLAS's threads cost more
-    # than they share out (on 2 cores a table took twice as long with 2 threads as with 1 when the
-    # machine had other work, and no less when it had none), and on a node of many cores each
-    # call would wake them all.
+    # Every product from here on is small (a cell's rows against a few queries), so BLAS runs one
+    # thread: its threads cost more than they share out. On 2 vCPUs, one table's new-row search at 2M
+    # rows took 0.66x the time with one thread while another process used a core (the whole search
+    # 0.29x), about the same on an idle machine; on a node of many cores each call would wake them all.
+    # (Sharing the cells out over Python threads instead gave nothing on 2 vCPUs: not done.)
     with threadpool_limits(limits=1, user_api="blas"):
         if new is not None:
             visit = fresh_cells | (np.diff(new_probe_at) > 0)
