@@ -293,10 +293,7 @@ def _old_probes(cells: np.ndarray, fresh_cells: np.ndarray, new: np.ndarray,
     rows, at = _grouped(keys.ravel(), math.isqrt(n_fresh) + 1)
     del keys
     filed = int(at[n_fresh])
-    if rows.base is None:  # the probes left out are last: dropped without a copy
-        rows.resize(filed, refcheck=False)
-    else:
-        rows = rows[:filed].copy()
+    rows.resize(filed, refcheck=False)  # the probes left out are last: dropped without a copy
     rows //= per_row
     rank[rank == n_fresh] = -1
     at = at[:n_fresh + 1]
