@@ -276,15 +276,20 @@ def _failure_lines(result: dg.ExecuteInProcessResult) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Materialize missing or stale partitions in dependency order."""
+    from prx_assets.core.ingest.readahead import READAHEAD
     from prx_assets.definitions import defs
-    from prx_assets.defs.ingest import discover_batches
+    from prx_assets.defs.ingest import RAW_IMAGES, discover_batches, expect_batches, ingest_resources
     from prx_assets.defs.partitions import orphan_partitions
     from prx_assets.defs.quarantine import failures_not_holding_back
 
+    reports = discover_batches(_root(), load_sources())
+    ingest_here = None if args.dry_run else ingest_resources(defs, selected_keys(defs, args.select))
+    if ingest_here is not None:  # batches this discovery created: never ingested, so planned below
+        expect_batches(ingest_here, [k for r in reports for k in r["new_batches"]])
+        READAHEAD.start()  # the workers decode their first images while the instance opens and plans
     instance = _instance()
     for f in check_stuck_runs(instance, repair=True):  # runs of a killed `prx-assets run` on this host
         print(f"marked failed: run {f.where} ({f.detail})")
-    reports = discover_batches(_root(), load_sources())
     register_partitions(instance, reports)
     skipped: dict[str, str] = {}
     held: dict[str, str] = {}
@@ -292,6 +297,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = plan_run(defs, instance, args.select, skipped=skipped, orphans=orphans, held=held)
     _report_skipped(skipped)
     _report_held(held)
+    if ingest_here is not None:
+        expect_batches(ingest_here, [pk for key, pk in plan if key == RAW_IMAGES and pk is not None])
     if not plan:
         print("everything is up to date")
         return 0
@@ -320,6 +327,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for _, pk in todo:
             done += 1
             failed += _execute(job, instance, key, pk, level, f"[{done}/{total}]")
+        if key == RAW_IMAGES:
+            READAHEAD.clear()
     if failed:
         print(f"{failed} of {done} partitions failed")
         return 1

@@ -235,3 +235,65 @@ def test_a_closed_pipe_ends_quietly(small_demo: Path) -> None:
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def _ingest_by_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: Path, readahead: int,
+                   name: str) -> tuple[list[dict], dict[str, tuple[str, int, float]]]:
+    """``prx-assets run --select raw_images`` on ``folder`` (3 batches, 2 worker processes) in a fresh
+    data root and instance: the stored rows, and each partition's data version, images read ahead and seconds since its read-ahead began."""
+    import lance
+
+    from prx_assets.core.ingest.worker import shutdown_pool
+
+    config = tmp_path / name / "config"
+    shutil.copytree(REPO / "config", config)
+    (config / "sources.yaml").write_text(
+        f"ingest:\n  workers: 2\n  processes: 2\n  readahead: {readahead}\nsources:\n"
+        f"  - name: pics\n    kind: folder\n    path: {folder}\n    batch_size: 6\n")
+    monkeypatch.setenv("PRX_CONFIG_DIR", str(config))
+    monkeypatch.setenv("PRX_DATA_ROOT", str(tmp_path / name / "data"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / name / "home"))
+    try:
+        assert main(["run", "--select", "raw_images"]) == 0
+    finally:
+        shutdown_pool()
+    rows = lance.dataset(str(tmp_path / name / "data" / "lance" / "images.lance")).to_table(
+        columns=["image_id", "batch", "sha256", "jpeg", "phash", "q92_psnr_db"]).to_pylist()
+    with dg.DagsterInstance.get() as instance:
+        recs = instance.fetch_materializations(dg.AssetKey("raw_images"), limit=100).records
+        versions = {}
+        for r in recs:
+            md = r.asset_materialization.metadata
+            versions[r.partition_key] = (r.asset_materialization.tags["dagster/data_version"],
+                                         md["read_ahead_images"].value, md["read_ahead_seconds"].value)
+    return sorted(rows, key=lambda r: r["image_id"]), versions
+
+
+def test_run_reads_the_next_batch_ahead_and_stores_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """While one batch commits and is checked (and while the command starts up), the worker
+    processes decode the next batch's first images: the rows and data versions are those of a run
+    without read-ahead, and each partition records how many of its images were ready."""
+    from tests.helpers import write_folder_corpus
+
+    folder = tmp_path / "pics"
+    write_folder_corpus(folder, n=18, broken=False)
+    ahead_rows, ahead = _ingest_by_cli(tmp_path, monkeypatch, folder, 4, "ahead")
+    assert "3 partitions to materialize" in capsys.readouterr().out
+    plain_rows, plain = _ingest_by_cli(tmp_path, monkeypatch, folder, 0, "plain")
+    assert len(ahead_rows) == 18 and ahead_rows == plain_rows
+    assert {k: v[0] for k, v in ahead.items()} == {k: v[0] for k, v in plain.items()}
+    assert all(n == 0 and s == 0 for _, n, s in plain.values())
+    assert sorted(ahead) == ["pics-00001", "pics-00002", "pics-00003"]
+    # The first batch is read ahead from discovery on, each later one once the batch before it has
+    # handed its last image to the workers, and each run took its read-ahead over (how many images
+    # were ready by then depends on the machine's speed).
+    assert all(s > 0 and 0 <= n <= 4 for _, n, s in ahead.values()), ahead
+    # Nothing left to do: nothing read ahead, nothing run.
+    monkeypatch.setenv("PRX_CONFIG_DIR", str(tmp_path / "ahead" / "config"))
+    monkeypatch.setenv("PRX_DATA_ROOT", str(tmp_path / "ahead" / "data"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "ahead" / "home"))
+    assert main(["run", "--select", "raw_images"]) == 0
+    assert "everything is up to date" in capsys.readouterr().out
+    from prx_assets.core.ingest.readahead import READAHEAD
+    assert READAHEAD.live_key is None

@@ -25,6 +25,7 @@ from prx_assets.core.ingest.jpeg_quality import (
     pick_sample,
 )
 from prx_assets.core.ingest.pipeline import IngestResult, ingest_batch
+from prx_assets.core.ingest.readahead import READAHEAD, BatchInputs
 from prx_assets.core.ingest.sources import reader_for
 from prx_assets.core.lab.schema import IMAGES_TABLE
 from prx_assets.core.lab.sql import where_eq
@@ -110,28 +111,59 @@ def ingest_metadata(result: IngestResult, fingerprint: str, settings: IngestSett
         "seconds": dg.MetadataValue.float(round(result.seconds, 3)),
         "worker_processes": dg.MetadataValue.int(result.processes),
         "images_per_second": dg.MetadataValue.float(
-            round(total / result.seconds, 2) if result.seconds else 0.0),
+            round((total - result.read_ahead) / result.seconds, 2) if result.seconds else 0.0),
+        "read_ahead_images": dg.MetadataValue.int(result.read_ahead),
+        "read_ahead_seconds": dg.MetadataValue.float(round(result.read_ahead_seconds, 3)),
         FINGERPRINT_KEY: dg.MetadataValue.text(fingerprint),
     }
 
 
-def ingest_stage(res: StageResources, key: str, log: Callable[[str], None]) -> IngestResult:
-    """The work of one raw_images partition (in-process or inside a job)."""
-    sources = res.project.sources()
-    source_name, _ = parse_batch_key(key)
-    cfg = sources.get(source_name)
+def batch_inputs(res: StageResources, key: str) -> BatchInputs:
+    """What ingesting partition ``key`` reads: its data root, source configuration and manifest."""
+    cfg = res.project.sources().get(parse_batch_key(key)[0])
     root = res.storage.root()
-    manifest = load_manifest(root, key)
-    reader = reader_for(cfg, s3_client=(res.s3 or S3Resource()).get_client)
+    return BatchInputs(resources=res.to_json(), source=cfg, manifest=load_manifest(root, key),
+                       reader=reader_for(cfg, s3_client=(res.s3 or S3Resource()).get_client))
+
+
+def ingest_resources(defs: dg.Definitions, keys: list[dg.AssetKey]) -> StageResources | None:
+    """The resources ``raw_images`` runs with in this process, when ``keys`` include it and its
+    stage runs in-process (not as SLURM jobs); else ``None``: nothing to read ahead here."""
+    res = defs.resources
+    slurm = res.get("slurm")
+    if RAW_IMAGES not in keys or (isinstance(slurm, SlurmResource) and "raw_images" in slurm.stages):
+        return None
+    return StageResources(storage=res["storage"], project=res["project"], s3=res.get("s3"))
+
+
+def expect_batches(res: StageResources, keys: list[str]) -> None:
+    """Tell the process's read-ahead that it ingests ``keys`` next, in that order (see
+    :mod:`prx_assets.core.ingest.readahead`)."""
+    READAHEAD.expect(keys, lambda key: batch_inputs(res, key))
+
+
+def ingest_stage(res: StageResources, key: str, log: Callable[[str], None]) -> IngestResult:
+    """The work of one raw_images partition (in-process or inside a job). What the process read of
+    it ahead (see :func:`expect_batches`) is taken over when it came from the same inputs."""
+    inputs = batch_inputs(res, key)
+    cfg, manifest = inputs.source, inputs.manifest
+    root = res.storage.root()
     log(f"ingesting {key}: {len(manifest.units)} units ({manifest.weight} items) "
         f"from {cfg.kind} source {cfg.location}")
-    result = ingest_batch(manifest, reader, root, cfg.ingest)
+    ahead = READAHEAD.take(inputs)
+    result = ingest_batch(manifest, inputs.reader, root, cfg.ingest,
+                          outcomes=ahead.outcomes() if ahead is not None else None,
+                          on_drained=lambda: READAHEAD.after(key))
+    if ahead is not None:
+        result.read_ahead, result.read_ahead_seconds = ahead.taken, ahead.taken_after
     log(f"{key}: {result.rows} rows, {result.rejected} rejects {result.rejects}, "
-        f"Lance version {result.images_version}")
+        f"Lance version {result.images_version}"
+        + (f", {result.read_ahead} images read ahead" if result.read_ahead else ""))
     return result
 
 
 register_stage("raw_images", ingest_stage, IngestResult)
+RAW_IMAGES = dg.AssetKey("raw_images")
 
 
 @dg.asset(

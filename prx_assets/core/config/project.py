@@ -129,6 +129,12 @@ class IngestSettings:
         holds the GIL, so threads alone reach about 1.4x on two cores); ``0`` (default) means one
         per CPU for partitions of at least ``PROCESS_MIN_ITEMS`` items and none for smaller ones
         (a pool costs a fraction of a second to start), ``1`` means threads only.
+    readahead:
+        Images of the next batch a process decodes ahead, while it finishes a batch (its commit, its
+        check, Dagster's bookkeeping) or starts up, when it knows which batch comes next
+        (``prx-assets run``); their outcomes wait in memory (about
+        the stored bytes of this many images) for that batch's run. ``0``: never. Only with worker
+        processes (``processes`` above 1).
     lossless_fallback:
         Content-aware storage: ``webp`` (default: lossless WebP) or ``png`` stores losslessly, in that format,
         each image whose first-generation JPEG loses more than ``q92_min_psnr_db`` (dense line
@@ -159,6 +165,7 @@ class IngestSettings:
     q92_png_reference: bool = False
     workers: int = 0
     processes: int = 0
+    readahead: int = 256
     lossless_fallback: str = "webp"
     lossless_max_colors: int = 64
     fallback_warn_share: float = 0.25
@@ -330,6 +337,8 @@ def _validate_ingest(s: IngestSettings, path: str, where: str) -> None:
                   "fix the ingest limits")
     if s.workers < 0 or s.processes < 0:
         raise bad(f"workers={s.workers!r} and processes={s.processes!r} must be >= 0", "use 0 (one per CPU)")
+    if s.readahead < 0:
+        raise bad(f"readahead={s.readahead!r} must be >= 0", "use e.g. 256 images (0: never read ahead)")
     if s.q92_cycles < 1 or s.q92_sample < 1:
         raise bad("q92_cycles and q92_sample must be >= 1", "use e.g. 10 cycles, 6 images")
     if not (0.0 < s.q92_sample_share <= 1.0) or s.q92_tile_pixels < 0:

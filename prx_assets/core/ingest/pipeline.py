@@ -95,6 +95,10 @@ class IngestResult:
     work_seconds: float = 0.0
     #: Worker processes that decoded and encoded (1: this process's threads).
     processes: int = 1
+    #: Images whose outcome was ready before this batch's run began (read ahead while the process
+    #: finished the batch before it, or started up; see :mod:`.readahead`), and since when, in seconds.
+    read_ahead: int = 0
+    read_ahead_seconds: float = 0.0
 
     @property
     def lossless_share(self) -> float:
@@ -285,9 +289,47 @@ def ordered_map(fn: Callable[[T], R], items: Iterator[T], workers: int, window: 
             yield pending.popleft().result()
 
 
+def outcome_stream(manifest: BatchManifest, reader: SourceReader, settings: IngestSettings,
+                   on_drained: Callable[[], None] | None = None) -> Iterator[Outcome]:
+    """The outcome of every item of ``manifest``, in order, as :func:`ingest_batch` writes them.
+
+    ``on_drained`` is called once the last item has been read and handed to the workers (while
+    the last chunks are still being decoded): the moment to queue the next batch's first items
+    behind them (see :mod:`.readahead`).
+    """
+    source, batch = manifest.source, manifest.key
+    fingerprint = settings.normalization_fingerprint()
+    q92_rate = sample_rate(manifest.weight, settings.q92_sample, settings.q92_sample_share)
+    processes = settings.effective_processes(manifest.weight)
+    items = iter_items(manifest, reader)
+    if on_drained is not None:
+        items = _then(items, on_drained)
+    if processes <= 1:
+        return ordered_map(partial(process_item, source=source, batch=batch, settings=settings,
+                                   fingerprint=fingerprint, q92_rate=q92_rate, processes=processes),
+                           items, settings.effective_workers())
+    # With worker processes, two threads per process, each reading a chunk of CHUNK items, sending it
+    # as one task and waiting on it (so one reads the next files while the other's are decoded). At
+    # most one chunk per thread is in flight: as many images as one item per thread with a window of
+    # four did before chunks (see `python -m bench ingest`, which measures both).
+    threads = max(settings.effective_workers(), 2 * processes)
+    chunks = ordered_map(partial(process_chunk, source=source, batch=batch, settings=settings,
+                                 fingerprint=fingerprint, q92_rate=q92_rate, processes=processes),
+                         _chunked(items, CHUNK), threads, window=threads)
+    return (outcome for chunk in chunks for outcome in chunk)
+
+
+def _then(items: Iterator[T], after: Callable[[], None]) -> Iterator[T]:
+    """``items``, then a call of ``after`` once they are exhausted."""
+    yield from items
+    after()
+
+
 def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
                  settings: IngestSettings, rows_per_write: int = 64,
-                 progress: Callable[[int, int], None] | None = None) -> IngestResult:
+                 progress: Callable[[int, int], None] | None = None,
+                 outcomes: Iterator[Outcome] | None = None,
+                 on_drained: Callable[[], None] | None = None) -> IngestResult:
     """Ingest one batch into the ``images`` and ``rejects`` tables, replacing its rows.
 
     Parameters
@@ -304,6 +346,11 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
         Rows per record batch streamed to Lance.
     progress:
         Called as ``progress(done, rejected)`` every ``rows_per_write`` items.
+    outcomes:
+        This batch's :func:`outcome_stream`, already started (a :class:`~.readahead.ReadAhead`'s,
+        which read its first items while the process was busy elsewhere); ``None`` starts one.
+    on_drained:
+        Passed to the :func:`outcome_stream` this call starts.
     """
     started = time.perf_counter()
     source, batch = manifest.source, manifest.key
@@ -313,32 +360,14 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
     reasons: Counter[str] = Counter()
     buckets: Counter[str] = Counter()
     formats: Counter[str] = Counter()
-    fingerprint = settings.normalization_fingerprint()
-    q92_rate = sample_rate(manifest.weight, settings.q92_sample, settings.q92_sample_share)
     processes = settings.effective_processes(manifest.weight)
     result.processes = processes
-
-    def fn(item: SourceItem) -> Outcome:
-        return process_item(item, source, batch, settings, fingerprint, q92_rate, processes)
-
-    def fn_chunk(items: list[SourceItem]) -> list[Outcome]:
-        return process_chunk(items, source, batch, settings, fingerprint, q92_rate, processes)
-
-    def outcomes() -> Iterator[Outcome]:
-        items = iter_items(manifest, reader)
-        if processes <= 1:
-            return ordered_map(fn, items, settings.effective_workers())
-        # With worker processes, two threads per process, each reading a chunk of CHUNK items, sending it
-        # as one task and waiting on it (so one reads the next files while the other's are decoded). At
-        # most one chunk per thread is in flight: as many images as one item per thread with a window of
-        # four did before chunks (see `python -m bench ingest`, which measures both).
-        threads = max(settings.effective_workers(), 2 * processes)
-        chunks = ordered_map(fn_chunk, _chunked(items, CHUNK), threads, window=threads)
-        return (outcome for chunk in chunks for outcome in chunk)
+    if outcomes is None:
+        outcomes = outcome_stream(manifest, reader, settings, on_drained)
 
     def batches() -> Iterator[pa.RecordBatch]:
         rows: list[dict[str, Any]] = []
-        for done, (row, rej) in enumerate(outcomes(), 1):
+        for done, (row, rej) in enumerate(outcomes, 1):
             warns = (row or rej or {}).pop(WARNINGS_KEY, None)
             result.work_seconds += (row or rej or {}).pop(SECONDS_KEY, 0.0)
             lossless = row.pop(LOSSLESS_KEY, None) if row is not None else None
