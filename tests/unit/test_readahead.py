@@ -143,3 +143,42 @@ def test_nothing_is_read_ahead_when_turned_off_or_without_worker_processes(tmp_p
     ra.expect([key], lambda k: _inputs(cfg, root, k))
     ra.start()
     assert ra.live_key is None and ra.take(_inputs(cfg, root, key)) is None
+
+
+@pytest.mark.parametrize(("argv", "early"), [(["run"], True), (["run", "--select", "raw_images"], True),
+                                             (["run", "--dry-run"], False), (["status"], False)])
+def test_the_console_script_starts_the_worker_server_first_only_for_a_run(
+        monkeypatch: pytest.MonkeyPatch, argv: list[str], early: bool) -> None:
+    import sys
+
+    import prx_assets.cli
+    import prx_assets.core.ingest.worker as worker
+    from prx_assets.entry import main
+
+    calls: list[str] = []
+    monkeypatch.setattr(worker, "start_server", lambda: calls.append("server"))
+    monkeypatch.setattr(prx_assets.cli, "main", lambda: calls.append("cli") or 0)
+    monkeypatch.setattr(sys, "argv", ["prx-assets", *argv])
+    assert main() == 0
+    assert calls == (["server", "cli"] if early else ["cli"])
+
+
+def test_the_worker_server_started_first_is_the_one_the_pool_forks_from(tmp_path: Path) -> None:
+    from multiprocessing import forkserver
+
+    from prx_assets.core.ingest.worker import start_server
+
+    start_server()
+    pid = forkserver._forkserver._forkserver_pid
+    assert pid is not None
+    folder = tmp_path / "files"
+    write_folder_corpus(folder, n=3, broken=False)
+    cfg = _source(folder)
+    root = DataRoot(str(tmp_path / "root"))
+    discover(cfg, reader_for(cfg), root)
+    try:
+        res = ingest_batch(load_manifests(root, "f")[0], reader_for(cfg), root, cfg.ingest)
+    finally:
+        shutdown_pool()
+    assert res.rows == 3 and res.processes == 2
+    assert forkserver._forkserver._forkserver_pid == pid

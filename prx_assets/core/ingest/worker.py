@@ -112,6 +112,20 @@ def _context() -> Any:
     return ctx
 
 
+def start_server() -> None:
+    """Start the forkserver the worker processes fork from, and its import of this module, now:
+    in its own process, on a core this one leaves idle while it imports and opens the Dagster
+    instance (``prx-assets run`` calls it first). Idempotent; a failure here is met again, and
+    reported, where the pool starts."""
+    from multiprocessing import forkserver
+
+    try:
+        _context()
+        forkserver.ensure_running()
+    except Exception as e:  # the pool's own start meets it again and reports it
+        log.debug("forkserver not started ahead: %s", e)
+
+
 def _pool(size: int) -> ProcessPoolExecutor:
     with _POOL_LOCK:
         pool = _POOLS.get(size)
