@@ -182,3 +182,22 @@ def test_the_worker_server_started_first_is_the_one_the_pool_forks_from(tmp_path
         shutdown_pool()
     assert res.rows == 3 and res.processes == 2
     assert forkserver._forkserver._forkserver_pid == pid
+
+
+def test_a_read_ahead_holds_at_most_its_bytes(tmp_path: Path) -> None:
+    from prx_assets.core.ingest.readahead import Ahead
+
+    folder = tmp_path / "files"
+    write_folder_corpus(folder, n=6, broken=False)
+    cfg = _source(folder, readahead=100)
+    root = DataRoot(str(tmp_path / "root"))
+    discover(cfg, reader_for(cfg), root)
+    key = load_manifests(root, "f")[0].key
+    try:
+        ahead = Ahead(_inputs(cfg, root, key), limit=100, on_drained=lambda: None, max_bytes=1)
+        ahead._thread.join(60)
+        assert len(ahead.buffer) == 1 and ahead.bytes > 1
+        rest = list(ahead.outcomes())
+        assert len(rest) == 6
+    finally:
+        shutdown_pool()

@@ -132,9 +132,9 @@ class IngestSettings:
     readahead:
         Images of the next batch a process decodes ahead, while it finishes a batch (its commit, its
         check, Dagster's bookkeeping) or starts up, when it knows which batch comes next
-        (``prx-assets run``); their outcomes wait in memory (about
-        the stored bytes of this many images) for that batch's run. ``0``: never. Only with worker
-        processes (``processes`` above 1).
+        (``prx-assets run``); their outcomes wait in memory (the stored bytes of this many images,
+        at most 256 MB) for that batch's run. ``0``: never. Only with worker processes
+        (``processes`` above 1).
     lossless_fallback:
         Content-aware storage: ``webp`` (default: lossless WebP) or ``png`` stores losslessly, in that format,
         each image whose first-generation JPEG loses more than ``q92_min_psnr_db`` (dense line
