@@ -146,7 +146,8 @@ def test_nothing_is_read_ahead_when_turned_off_or_without_worker_processes(tmp_p
 
 
 @pytest.mark.parametrize(("argv", "early"), [(["run"], True), (["run", "--select", "raw_images"], True),
-                                             (["run", "--dry-run"], False), (["status"], False)])
+                                             (["demo", "--small"], True), (["run", "--dry-run"], False),
+                                             (["status"], False)])
 def test_the_console_script_starts_the_worker_server_first_only_for_a_run(
         monkeypatch: pytest.MonkeyPatch, argv: list[str], early: bool) -> None:
     import sys
