@@ -201,14 +201,13 @@ class ReadAhead:
     def _begin(self, key: str) -> None:
         if self._resolve is None:
             return
-        try:
+        try:  # called from inside another batch's run: whatever fails here must not fail that run
             inputs = self._resolve(key)
-        except Exception as e:  # its run resolves it again and reports the problem there
+            limit = inputs.readahead()
+            if limit > 0:
+                self._live = Ahead(inputs, limit, lambda: self.after(key))
+        except Exception as e:  # its own run resolves it again and reports the problem there
             log.info("not reading %s ahead: %s: %s", key, type(e).__name__, e)
-            return
-        limit = inputs.readahead()
-        if limit > 0:
-            self._live = Ahead(inputs, limit, lambda: self.after(key))
 
 
 #: The process's read-ahead (batches run one at a time per process).
