@@ -202,3 +202,14 @@ def test_a_read_ahead_holds_at_most_its_bytes(tmp_path: Path) -> None:
         assert len(rest) == 6
     finally:
         shutdown_pool()
+
+
+def test_a_batch_that_cannot_be_resolved_is_not_read_ahead_and_fails_nothing() -> None:
+    def missing(key: str) -> BatchInputs:
+        raise FileNotFoundError(f"no manifest for {key}")
+
+    ra = ReadAhead()
+    ra.expect(["f-00001", "f-00002"], missing)
+    ra.start()
+    ra.after("f-00001")  # from inside the batch before it: must not raise into that run
+    assert ra.live_key is None
