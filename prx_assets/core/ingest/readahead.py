@@ -175,9 +175,7 @@ class ReadAhead:
             ahead.close()
             return None
         if ahead.drained:  # its last item is already with the workers: queue the next batch behind it
-            with self._lock:
-                if self._live is None and self._queue:
-                    self._begin(self._queue[0])
+            self.start()
         return ahead
 
     def clear(self) -> None:
