@@ -276,14 +276,17 @@ def _failure_lines(result: dg.ExecuteInProcessResult) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Materialize missing or stale partitions in dependency order."""
+    from prx_assets.core.ingest.early import settle, take_found
     from prx_assets.core.ingest.readahead import READAHEAD
     from prx_assets.definitions import defs
     from prx_assets.defs.ingest import RAW_IMAGES, discover_batches, expect_batches, ingest_resources
     from prx_assets.defs.partitions import orphan_partitions
     from prx_assets.defs.quarantine import failures_not_holding_back
 
-    reports = discover_batches(_root(), load_sources())
+    found = take_found()  # the console script discovered before importing this (and read ahead)
+    reports = found.reports if found is not None else discover_batches(_root(), load_sources())
     ingest_here = None if args.dry_run else ingest_resources(defs, selected_keys(defs, args.select))
+    settle(found, ingest_here.to_json() if ingest_here is not None else None)
     if ingest_here is not None:  # batches this discovery created: never ingested, so planned below
         expect_batches(ingest_here, [k for r in reports for k in r["new_batches"]])
         READAHEAD.start()  # the workers decode their first images while the instance opens and plans

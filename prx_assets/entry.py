@@ -1,24 +1,32 @@
-"""The ``prx-assets`` console script: :func:`prx_assets.cli.main`, with one thing done before the
-CLI's imports (Dagster among them, about 1.3 s on one core): for ``run`` the ingest worker
-processes' forkserver starts (and for ``demo``, which runs it), importing the decoding code on
-another core meanwhile, so the first batch's images reach the workers as soon as discovery has
-found them. Worker processes import the console script as their main module, and so this one: at
+"""The ``prx-assets`` console script: :func:`prx_assets.cli.main`, with what can be done before the
+CLI's imports (Dagster among them, about 1.3 s on one core) done first: for ``run`` and ``demo``
+(which runs it) the ingest worker processes' forkserver starts, importing the decoding code on
+another core meanwhile; for ``run``, discovery follows and the first new batch's first images go
+to the workers (:mod:`prx_assets.core.ingest.early`), so they decode while the CLI imports. Worker processes import the console script as their main module, and so this one: at
 import it imports nothing else (the script used to import ``prx_assets.cli``, and with it Dagster,
 into every worker)."""
 
 import sys
 
 
-def main() -> int:
-    """Entry point of the console script."""
-    argv = sys.argv[1:]
-    if argv[:1] in (["run"], ["demo"]) and "--dry-run" not in argv:
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script (``argv``: the arguments, else ``sys.argv``'s)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["run"], ["demo"]) and "--dry-run" not in argv and "-h" not in argv and "--help" not in argv:
         from prx_assets.core.ingest.worker import start_server
 
         start_server()
-    from prx_assets.cli import main as cli_main
+        if argv[:1] == ["run"]:
+            from prx_assets.core.ingest.early import begin
 
-    return cli_main()
+            begin()
+    from prx_assets.cli import main as cli_main
+    from prx_assets.core.ingest.early import take_found
+
+    try:
+        return cli_main(argv)
+    finally:
+        take_found()  # unused when the arguments were wrong: not left for a later call in this process
 
 
 if __name__ == "__main__":

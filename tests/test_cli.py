@@ -240,10 +240,24 @@ def test_a_closed_pipe_ends_quietly(small_demo: Path) -> None:
 def _ingest_by_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: Path, readahead: int,
                    name: str) -> tuple[list[dict], dict[str, tuple[str, int, float]]]:
     """``prx-assets run --select raw_images`` on ``folder`` (3 batches, 2 worker processes) in a fresh
-    data root and instance: the stored rows, and each partition's data version, images read ahead and seconds since its read-ahead began."""
+    data root and instance, through the console script's entry point: the stored rows, and each
+    partition's data version, images read ahead and seconds since its read-ahead began."""
     import lance
 
+    from prx_assets import entry
+    from prx_assets.core.ingest import early
+    from prx_assets.core.ingest.readahead import READAHEAD
     from prx_assets.core.ingest.worker import shutdown_pool
+
+    begun = early.begin
+
+    def begin() -> object:  # what was read ahead before the CLI's imports and cmd_run
+        found = begun()
+        early_keys.append(READAHEAD.live_key)
+        return found
+
+    early_keys: list[str | None] = []
+    monkeypatch.setattr(early, "begin", begin)
 
     config = tmp_path / name / "config"
     shutil.copytree(REPO / "config", config)
@@ -254,9 +268,11 @@ def _ingest_by_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: Path
     monkeypatch.setenv("PRX_DATA_ROOT", str(tmp_path / name / "data"))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / name / "home"))
     try:
-        assert main(["run", "--select", "raw_images"]) == 0
+        assert entry.main(["run", "--select", "raw_images"]) == 0
     finally:
         shutdown_pool()
+    # The first batch went to the workers from discovery, before the CLI was even imported.
+    assert early_keys == (["pics-00001"] if readahead else [None])
     rows = lance.dataset(str(tmp_path / name / "data" / "lance" / "images.lance")).to_table(
         columns=["image_id", "batch", "sha256", "jpeg", "phash", "q92_psnr_db"]).to_pylist()
     with dg.DagsterInstance.get() as instance:
@@ -285,7 +301,7 @@ def test_run_reads_the_next_batch_ahead_and_stores_the_same(tmp_path: Path, monk
     assert {k: v[0] for k, v in ahead.items()} == {k: v[0] for k, v in plain.items()}
     assert all(n == 0 and s == 0 for _, n, s in plain.values())
     assert sorted(ahead) == ["pics-00001", "pics-00002", "pics-00003"]
-    # The first batch is read ahead from discovery on, each later one once the batch before it has
+    # The first batch is read ahead from discovery on (before the CLI's imports), each later one once the batch before it has
     # handed its last image to the workers, and each run took its read-ahead over (how many images
     # were ready by then depends on the machine's speed).
     assert all(s > 0 and 0 <= n <= 4 for _, n, s in ahead.values()), ahead

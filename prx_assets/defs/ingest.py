@@ -12,7 +12,7 @@ import numpy as np
 
 from prx_assets.core.config.project import IngestSettings, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.ingest.batches import discover, load_manifest, parse_batch_key
+from prx_assets.core.ingest.batches import discover_sources, load_manifest, parse_batch_key
 from prx_assets.core.ingest.images import prepare_rgb
 from prx_assets.core.ingest.jpeg_quality import (
     CONFIRM_MAX_PIXELS,
@@ -406,16 +406,9 @@ ingest_job = dg.define_asset_job(
 def discover_batches(root: DataRoot, sources: SourcesConfig, s3_client: Any = None,
                      only: str | None = None, full: bool = False) -> list[dict[str, Any]]:
     """Run discovery for every source (or one) and return their summaries with batch lists
-    (``full``: list every file again and report changed ones)."""
-    out = []
-    for cfg in sources.sources:
-        if only and cfg.name != only:
-            continue
-        rep = discover(cfg, reader_for(cfg, s3_client=s3_client), root, full=full)
-        summary = rep.summary()
-        summary["all_batches"] = rep.all_batches
-        out.append(summary)
-    return out
+    (``full``: list every file again and report changed ones); see
+    :func:`~prx_assets.core.ingest.batches.discover_sources`."""
+    return discover_sources(root, sources, s3_client=s3_client, only=only, full=full)
 
 
 @dg.sensor(job=ingest_job, minimum_interval_seconds=60,

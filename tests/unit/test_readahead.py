@@ -145,23 +145,28 @@ def test_nothing_is_read_ahead_when_turned_off_or_without_worker_processes(tmp_p
     assert ra.live_key is None and ra.take(_inputs(cfg, root, key)) is None
 
 
-@pytest.mark.parametrize(("argv", "early"), [(["run"], True), (["run", "--select", "raw_images"], True),
-                                             (["demo", "--small"], True), (["run", "--dry-run"], False),
-                                             (["status"], False)])
+@pytest.mark.parametrize(("argv", "first"), [(["run"], ["server", "discovery"]),
+                                             (["run", "--select", "raw_images"], ["server", "discovery"]),
+                                             (["demo", "--small"], ["server"]), (["run", "--dry-run"], []),
+                                             (["run", "--help"], []), (["status"], [])])
 def test_the_console_script_starts_the_worker_server_first_only_for_a_run(
-        monkeypatch: pytest.MonkeyPatch, argv: list[str], early: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, argv: list[str], first: list[str]) -> None:
+    """Before the CLI's imports: the workers' server for ``run`` and ``demo``, and for ``run`` the
+    discovery that reads the first new batch ahead (:mod:`prx_assets.core.ingest.early`)."""
     import sys
 
     import prx_assets.cli
+    import prx_assets.core.ingest.early as early
     import prx_assets.core.ingest.worker as worker
     from prx_assets.entry import main
 
     calls: list[str] = []
     monkeypatch.setattr(worker, "start_server", lambda: calls.append("server"))
-    monkeypatch.setattr(prx_assets.cli, "main", lambda: calls.append("cli") or 0)
+    monkeypatch.setattr(early, "begin", lambda: calls.append("discovery"))
+    monkeypatch.setattr(prx_assets.cli, "main", lambda args: calls.append(f"cli {' '.join(args)}") or 0)
     monkeypatch.setattr(sys, "argv", ["prx-assets", *argv])
     assert main() == 0
-    assert calls == (["server", "cli"] if early else ["cli"])
+    assert calls == [*first, f"cli {' '.join(argv)}"]
 
 
 def test_the_worker_server_started_first_is_the_one_the_pool_forks_from(tmp_path: Path) -> None:

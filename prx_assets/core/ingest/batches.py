@@ -24,10 +24,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prx_assets.core import layout
-from prx_assets.core.config.project import SourceConfig
+from prx_assets.core.config.project import SourceConfig, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.faults import crash_point
-from prx_assets.core.ingest.sources import SourceReader, Unit
+from prx_assets.core.ingest.sources import S3ClientFactory, SourceReader, Unit, reader_for
 from prx_assets.errors import PartitionKeyError, StorageError
 
 _KEY_RE = re.compile(r"^([a-z][a-z0-9_]*)-(\d{5,})$")
@@ -416,3 +416,18 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
             return report
     raise StorageError(f"source {config.name!r}: could not claim a batch number after "
                        f"{max_attempts} attempts; another discoverer keeps writing manifests")
+
+
+def discover_sources(root: DataRoot, sources: SourcesConfig, s3_client: S3ClientFactory | None = None,
+                     only: str | None = None, full: bool = False) -> list[dict[str, Any]]:
+    """Run :func:`discover` for every source (or the one named ``only``) and return their summaries,
+    each with ``all_batches`` (``full``: list every file again and report changed ones)."""
+    out = []
+    for cfg in sources.sources:
+        if only and cfg.name != only:
+            continue
+        rep = discover(cfg, reader_for(cfg, s3_client=s3_client), root, full=full)
+        summary = rep.summary()
+        summary["all_batches"] = rep.all_batches
+        out.append(summary)
+    return out

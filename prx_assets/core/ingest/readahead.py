@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prx_assets.core.config.project import SourceConfig
 from prx_assets.core.ingest.batches import BatchManifest
@@ -177,6 +177,23 @@ class ReadAhead:
         if ahead.drained:  # its last item is already with the workers: queue the next batch behind it
             self.start()
         return ahead
+
+    def rebind(self, provisional: str, resources: str | None) -> None:
+        """The batches expected with resource settings ``provisional`` (made before the runs'
+        resources were known, see :mod:`.early`) were read with what ``resources`` holds: what is
+        read ahead now counts as read with those, and so does what is read ahead next; ``None``: they
+        were not, and are dropped, with what was expected. A read-ahead made with other settings is
+        left as it is."""
+        with self._lock:
+            live, resolve = self._live, self._resolve
+            if live is None or live.inputs.resources != provisional or resolve is None:
+                return
+            if resources is not None:
+                live.inputs = replace(live.inputs, resources=resources)
+                self._resolve = lambda key: replace(resolve(key), resources=resources)
+                return
+            self._live, self._queue, self._resolve = None, [], None
+        live.close()
 
     def clear(self) -> None:
         """Expect nothing more and drop any read-ahead."""
