@@ -12,6 +12,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script (``argv``: the arguments, else ``sys.argv``'s)."""
     argv = sys.argv[1:] if argv is None else argv
+    discovered = False
     if argv[:1] in (["run"], ["demo"]) and "--dry-run" not in argv and "-h" not in argv and "--help" not in argv:
         from prx_assets.core.ingest.worker import start_server
 
@@ -20,13 +21,16 @@ def main(argv: list[str] | None = None) -> int:
             from prx_assets.core.ingest.early import begin
 
             begin()
+            discovered = True
     from prx_assets.cli import main as cli_main
-    from prx_assets.core.ingest.early import take_found
 
     try:
         return cli_main(argv)
     finally:
-        take_found()  # unused when the arguments were wrong: not left for a later call in this process
+        if discovered:  # not taken when the arguments were wrong: not left for a later call in this process
+            from prx_assets.core.ingest.early import take_found
+
+            take_found()
 
 
 if __name__ == "__main__":
