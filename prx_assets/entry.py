@@ -2,16 +2,25 @@
 CLI's imports (Dagster among them, about 1.3 s on one core) done first: for ``run`` and ``demo``
 (which runs it) the ingest worker processes' forkserver starts, importing the decoding code on
 another core meanwhile; for ``run``, discovery follows and the first new batch's first images go
-to the workers (:mod:`prx_assets.core.ingest.early`), so they decode while the CLI imports. Worker processes import the console script as their main module, and so this one: at
-import it imports nothing else (the script used to import ``prx_assets.cli``, and with it Dagster,
+to the workers (:mod:`prx_assets.core.ingest.early`), so they decode while the CLI imports.
+Worker processes import the console script as their main module, and so this one: at import it
+imports nothing else (the script used to import ``prx_assets.cli``, and with it Dagster,
 into every worker)."""
 
+import gc
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script (``argv``: the arguments, else ``sys.argv``'s)."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Entry point of the console script (``argv``: the arguments, else ``sys.argv``'s).
+
+    Called without ``argv`` (as the console script calls it, the process exiting next), it freezes
+    the garbage collector's objects once the command is done (:func:`gc.freeze`): the interpreter's
+    exit then frees them by reference counts only, without collecting over every object of Dagster,
+    SQLAlchemy and the rest several times (0.3-0.6 s of every command, measured after imports alone
+    and after a `run`; 0.03 s frozen). Exit handlers (``atexit``) still run, and the standard streams
+    are still flushed."""
+    script, argv = argv is None, sys.argv[1:] if argv is None else argv
     discovered = False
     if argv[:1] in (["run"], ["demo"]) and "--dry-run" not in argv and "-h" not in argv and "--help" not in argv:
         from prx_assets.core.ingest.worker import start_server
@@ -31,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             from prx_assets.core.ingest.early import take_found
 
             take_found()
+        if script:
+            gc.freeze()
 
 
 if __name__ == "__main__":

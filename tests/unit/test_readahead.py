@@ -153,8 +153,6 @@ def test_the_console_script_starts_the_worker_server_first_only_for_a_run(
         monkeypatch: pytest.MonkeyPatch, argv: list[str], first: list[str]) -> None:
     """Before the CLI's imports: the workers' server for ``run`` and ``demo``, and for ``run`` the
     discovery that reads the first new batch ahead (:mod:`prx_assets.core.ingest.early`)."""
-    import sys
-
     import prx_assets.cli
     import prx_assets.core.ingest.early as early
     import prx_assets.core.ingest.worker as worker
@@ -164,9 +162,29 @@ def test_the_console_script_starts_the_worker_server_first_only_for_a_run(
     monkeypatch.setattr(worker, "start_server", lambda: calls.append("server"))
     monkeypatch.setattr(early, "begin", lambda: calls.append("discovery"))
     monkeypatch.setattr(prx_assets.cli, "main", lambda args: calls.append(f"cli {' '.join(args)}") or 0)
-    monkeypatch.setattr(sys, "argv", ["prx-assets", *argv])
-    assert main() == 0
+    assert main(argv) == 0
     assert calls == [*first, f"cli {' '.join(argv)}"]
+
+
+def test_the_console_script_freezes_the_collector_before_exiting_and_only_then(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console script's own call (no arguments given: ``sys.argv``'s) freezes the collector's
+    objects once the command is done, so the interpreter's exit does not collect over them; a call
+    with arguments (a caller that goes on) does not."""
+    import gc
+    import sys
+
+    import prx_assets.cli
+    from prx_assets.entry import main
+
+    calls: list[str] = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(prx_assets.cli, "main", lambda args: calls.append(f"cli {' '.join(args)}") or 3)
+    monkeypatch.setattr(sys, "argv", ["prx-assets", "status"])
+    assert main() == 3
+    assert calls == ["cli status", "freeze"]
+    calls.clear()
+    assert main(["status"]) == 3
+    assert calls == ["cli status"]
 
 
 def test_the_worker_server_started_first_is_the_one_the_pool_forks_from(tmp_path: Path) -> None:
