@@ -1,8 +1,10 @@
 """Whether a process recorded by host and pid (a lease holder, a scratch folder's owner, a run's
-process) is still there; and keeping this process stoppable by SIGTERM across in-process runs."""
+process) is still there; keeping this process stoppable by SIGTERM across in-process runs; and a
+process's exit without collecting over every object it holds."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -48,3 +50,15 @@ def sigterm_kept() -> Iterator[None]:
     finally:
         if before is not None and signal.getsignal(signal.SIGTERM) is not before:
             signal.signal(signal.SIGTERM, before)
+
+
+def freeze_before_exit() -> None:
+    """Move every object to the garbage collector's permanent generation (:func:`gc.freeze`), for a
+    process about to exit: the interpreter's exit then frees objects by reference counts only, instead
+    of collecting over every one of them several times while it tears its modules down. That took
+    0.3 s after the CLI's imports, 0.58 s after a ``prx-assets run``, and 1.8-2.2 s once torch and
+    transformers are imported (a stage job's), against 0.03-0.3 s frozen. Exit handlers
+    (``atexit``) still run and the standard streams are still flushed; only cycles of garbage left at
+    exit are not collected (the operating system takes the memory back). Call it only in a process
+    that exits next: frozen objects are never collected."""
+    gc.freeze()
