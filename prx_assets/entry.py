@@ -23,9 +23,9 @@ def main(argv: list[str] | None = None) -> int:
 
         start_server()
         if argv[:1] == ["run"]:
-            from prx_assets.core.ingest.early import begin
+            from prx_assets.core.ingest.early import begin, may_ingest
 
-            begin()
+            begin(read_ahead=may_ingest(_option(argv, "--select")))
             discovered = True
     from prx_assets.cli import main as cli_main
 
@@ -40,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
             from prx_assets.core.processes import freeze_before_exit
 
             freeze_before_exit()
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of option ``name`` in ``argv`` (``--name VALUE`` or ``--name=VALUE``; the last one
+    given, as argparse takes it), or ``None``."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg[len(name) + 1:]
+    return value
 
 
 if __name__ == "__main__":

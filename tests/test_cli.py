@@ -251,8 +251,8 @@ def _ingest_by_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: Path
 
     begun = early.begin
 
-    def begin() -> object:  # what was read ahead before the CLI's imports and cmd_run
-        found = begun()
+    def begin(read_ahead: bool = True) -> object:  # what was read ahead before the CLI's imports and cmd_run
+        found = begun(read_ahead)
         early_keys.append(READAHEAD.live_key)
         return found
 

@@ -88,11 +88,16 @@ def test_a_read_ahead_for_other_resources_or_no_ingest_is_dropped(project: Path)
     assert READAHEAD.live_key is None
 
 
-def test_nothing_new_or_a_failing_discovery_reads_nothing_ahead(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nothing_new_no_ingest_or_a_failing_discovery_reads_nothing_ahead(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert early.begin() is not None
     READAHEAD.clear()
     found = early.begin()  # everything already discovered
     assert found is not None and found.reports[0]["new_batches"] == [] and READAHEAD.live_key is None
+
+    shutil.rmtree(project / "data")
+    found = early.begin(read_ahead=False)  # a selection without raw_images: discovery only
+    assert found is not None and found.reports[0]["new_batches"] == ["pics-00001", "pics-00002"]
+    assert READAHEAD.live_key is None
 
     (project / "config" / "sources.yaml").write_text("sources:\n  - name: pics\n    kind: nonsense\n")
     assert early.begin() is None  # the command discovers again and reports the error itself

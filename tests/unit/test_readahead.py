@@ -147,12 +147,15 @@ def test_nothing_is_read_ahead_when_turned_off_or_without_worker_processes(tmp_p
 
 @pytest.mark.parametrize(("argv", "first"), [(["run"], ["server", "discovery"]),
                                              (["run", "--select", "raw_images"], ["server", "discovery"]),
+                                             (["run", "--select=*training_mixture"], ["server", "discovery"]),
+                                             (["run", "--select", "lance_table"], ["server", "discovery only"]),
                                              (["demo", "--small"], ["server"]), (["run", "--dry-run"], []),
                                              (["run", "--help"], []), (["status"], [])])
 def test_the_console_script_starts_the_worker_server_first_only_for_a_run(
         monkeypatch: pytest.MonkeyPatch, argv: list[str], first: list[str]) -> None:
     """Before the CLI's imports: the workers' server for ``run`` and ``demo``, and for ``run`` the
-    discovery that reads the first new batch ahead (:mod:`prx_assets.core.ingest.early`)."""
+    discovery that reads the first new batch ahead (:mod:`prx_assets.core.ingest.early`), unless
+    the selection names assets, none of them ``raw_images``."""
     import prx_assets.cli
     import prx_assets.core.ingest.early as early
     import prx_assets.core.ingest.worker as worker
@@ -160,7 +163,7 @@ def test_the_console_script_starts_the_worker_server_first_only_for_a_run(
 
     calls: list[str] = []
     monkeypatch.setattr(worker, "start_server", lambda: calls.append("server"))
-    monkeypatch.setattr(early, "begin", lambda: calls.append("discovery"))
+    monkeypatch.setattr(early, "begin", lambda read_ahead: calls.append("discovery" if read_ahead else "discovery only"))
     monkeypatch.setattr(prx_assets.cli, "main", lambda args: calls.append(f"cli {' '.join(args)}") or 0)
     assert main(argv) == 0
     assert calls == [*first, f"cli {' '.join(argv)}"]

@@ -11,7 +11,8 @@ Until then the process does not know which resources its runs get (the definitio
 it ingests at all (the selection, ``raw_images`` as SLURM jobs). So the read-ahead is made with the
 settings this process's environment gives (data root and config folder, :func:`local_resources`),
 and :func:`settle` later keeps it only when the run's resources hold the same ones, dropping it
-otherwise (at most ``readahead`` images decoded for nothing). Only with a local data root and
+otherwise (at most ``readahead`` images decoded for nothing; a selection that names assets, none of
+them ``raw_images``, reads nothing ahead, see :func:`may_ingest`). Only with a local data root and
 sources on local paths: an object-store source is read with the client its resource configures.
 Discovery's result is handed over (:func:`take_found`) so that the command does not list the
 sources twice.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +53,29 @@ def local_resources() -> str:
     return json.dumps({"storage": {"data_root": data_root()}, "project": {"config_dir": str(config_dir())}})
 
 
-def begin() -> Found | None:
-    """Discover every source and read the first new batch ahead; ``None`` (and nothing read ahead)
-    when discovery fails: the command discovers again and reports the problem itself."""
+#: An asset selection that names assets only (no ``+``/``*`` graph steps, no ``key:``/``group:``
+#: filters or functions): which assets it holds is then known without the definitions.
+_NAMES_ONLY = re.compile(r"^\s*[A-Za-z_][A-Za-z0-9_]*(\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*\s*$")
+
+
+def may_ingest(select: str | None) -> bool:
+    """Whether a ``prx-assets run --select`` may include ``raw_images``: false only for a selection
+    that names assets, none of them ``raw_images``.
+
+    >>> may_ingest(None), may_ingest("raw_images"), may_ingest("*training_mixture"), may_ingest("lance_table")
+    (True, True, True, False)
+    >>> may_ingest("lance_table, raw_images"), may_ingest("lance_table, curated_subsets")
+    (True, False)
+    """
+    if select is None or not _NAMES_ONLY.match(select):
+        return True
+    return "raw_images" in {name.strip() for name in select.split(",")}
+
+
+def begin(read_ahead: bool = True) -> Found | None:
+    """Discover every source and, with ``read_ahead``, read the first new batch ahead; ``None`` (and
+    nothing read ahead) when discovery fails: the command discovers again and reports the problem
+    itself."""
     global _found
     _found = None
     try:
@@ -65,7 +87,7 @@ def begin() -> Found | None:
         return None
     _found = Found(reports=reports, resources=local_resources())
     new = [k for r in reports for k in r["new_batches"]]
-    if not new or root.remote:
+    if not read_ahead or not new or root.remote:
         return _found
     resources = _found.resources
 
