@@ -192,8 +192,7 @@ class ReadAhead:
                 live.inputs = replace(live.inputs, resources=resources)
                 self._resolve = lambda key: replace(resolve(key), resources=resources)
                 return
-            self._live, self._queue, self._resolve = None, [], None
-        live.close()
+        self.clear()
 
     def clear(self) -> None:
         """Expect nothing more and drop any read-ahead."""
