@@ -11,7 +11,10 @@ commit, the q92 check). Best of ``PRX_BENCH_ROUNDS`` each, after one warm-up run
 A third side runs ours with ``readahead: 0`` (no batch decoded ahead), in the same rounds. With
 read-ahead, a partition's ingest step (``seconds`` in its metadata) leaves out the images decoded
 before its run began (``ours_images_read_ahead`` in all), so the ingest step and the overhead
-split below flatter ours by that much; the whole command is what to compare.
+split below flatter ours by that much; the whole command is what to compare. A fourth side runs ours
+with ``lossless_fallback: off`` (JPEG-only storage: no first-generation PSNR per image, everything
+else as before), so the report shows what content-aware storage costs against the peer; the
+per-image path is measured with both settings too.
 
 Also: what the q92 check costs (its share of the ingest work and its extra memory on a 24-Mpx
 image) and how far its tile estimate is from measuring the sampled images whole.
@@ -30,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -152,35 +156,38 @@ def _per_core(folder: Path, n: int = 200) -> dict[str, Any]:
     """One core, the same ``n`` files in memory: the ingest workers' per-image path
     (:func:`~prx_assets.core.ingest.worker.normalize_item`: decode, orientation, RGB, q92 encode,
     first-generation PSNR, lossless checks, sha256, pHash) against ``bench.ingest.bare_one``'s
-    decode/orientation/convert/encode, alternated after a warm-up of both; the median round.
-    What is left out on both sides: reading files, the q92 check of sampled images, Lance."""
+    decode/orientation/convert/encode, and the same path with ``lossless_fallback: off`` (JPEG-only
+    storage: no first-generation PSNR or lossless checks), rotated after a warm-up of each; the
+    median round. What is left out on every side: reading files, the q92 check of sampled images, Lance."""
     from bench.ingest import bare_one
     from prx_assets.core.config.project import IngestSettings
     from prx_assets.core.ingest.worker import normalize_item
 
     datas = [p.read_bytes() for p in sorted((folder / "img").glob("*.jpg"))[:n]]
-    s = IngestSettings()
+    settings = {"ours": IngestSettings(), "jpeg_only": IngestSettings(lossless_fallback="off")}
 
     def bare() -> None:
         for d in datas:
             bare_one(d)
 
-    def ours() -> None:
+    def ours(s: IngestSettings) -> None:
         for d in datas:
             normalize_item(d, s, False, "")
 
-    bare()  # warm-up, both sides
-    ours()
-    ratios, ms, faults = [], [], []
+    sides: dict[str, Any] = {"bare": bare, **{k: partial(ours, s) for k, s in settings.items()}}
+    for fn in sides.values():  # warm-up, every side
+        fn()
+    ratios, jpeg_only, ms, faults = [], [], [], []
     for r in range(max(3, ROUNDS)):
         took, flt = {}, {}
-        for name, fn in ((("bare", bare), ("ours", ours)) if r % 2 == 0 else (("ours", ours), ("bare", bare))):
+        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
             f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t = time.perf_counter()
-            fn()
+            sides[name]()
             took[name] = time.perf_counter() - t
             flt[name] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f) / len(datas)
         ratios.append(took["bare"] / took["ours"])
+        jpeg_only.append(took["bare"] / took["jpeg_only"])
         ms.append((took["bare"] / len(datas) * 1000, took["ours"] / len(datas) * 1000))
         faults.append((flt["bare"], flt["ours"]))
     mid = sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]
@@ -189,7 +196,9 @@ def _per_core(folder: Path, n: int = 200) -> dict[str, Any]:
     return {"per_image_path_vs_bare_per_core": round(ratios[mid], 3),
             "per_image_path_rounds": [round(x, 3) for x in ratios],
             "per_image_ms_bare_ours": [round(v, 2) for v in ms[mid]],
-            "per_image_page_faults_bare_ours": [round(v) for v in faults[mid]]}
+            "per_image_page_faults_bare_ours": [round(v) for v in faults[mid]],
+            "per_image_path_jpeg_only_vs_bare_per_core": round(sorted(jpeg_only)[len(jpeg_only) // 2], 3),
+            "per_image_path_jpeg_only_rounds": [round(x, 3) for x in jpeg_only]}
 
 
 #: glibc settings under which neither loop faults in fresh pages per image (freed blocks are kept).
@@ -237,11 +246,12 @@ def run_img2dataset(exe: Path, urls: Path, out: Path) -> float:
     return took
 
 
-def _prx_env(work: Path, folder: Path, readahead: int | None = None) -> dict[str, str]:
+def _prx_env(work: Path, folder: Path, readahead: int | None = None, jpeg_only: bool = False) -> dict[str, str]:
     config = work / "config"
     if not config.exists():
         shutil.copytree(REPO / "config", config)
         extra = f"  readahead: {readahead}\n" if readahead is not None else ""
+        extra += '  lossless_fallback: "off"\n' if jpeg_only else ""
         (config / "sources.yaml").write_text(
             f"ingest:\n  workers: 2\n{extra}sources:\n"
             f"  - name: peer\n    kind: folder\n    path: {folder / 'img'}\n    batch_size: {PARTITION}\n")
@@ -249,12 +259,13 @@ def _prx_env(work: Path, folder: Path, readahead: int | None = None) -> dict[str
             "DAGSTER_HOME": str(work / "home")}
 
 
-def run_ours(work: Path, folder: Path, readahead: int | None = None) -> tuple[float, dict[str, Any]]:
+def run_ours(work: Path, folder: Path, readahead: int | None = None,
+             jpeg_only: bool = False) -> tuple[float, dict[str, Any]]:
     """Seconds for the whole ``prx-assets run --select raw_images`` on a fresh data root and
     instance, and what its materializations and checks recorded (``readahead``: that ingest
-    setting instead of its default)."""
+    setting instead of its default; ``jpeg_only``: ``lossless_fallback: off``)."""
     shutil.rmtree(work, ignore_errors=True)
-    env = _prx_env(work, folder, readahead)
+    env = _prx_env(work, folder, readahead, jpeg_only)
     cli = str(Path(sys.executable).parent / "prx-assets")
     t = time.perf_counter()
     out = subprocess.run([cli, "run", "--select", "raw_images"], cwd=REPO, env=env, capture_output=True, text=True)
@@ -429,14 +440,17 @@ def run() -> dict[str, Any]:
         run_img2dataset(exe, urls, tmp / "i2d")  # warm-up, every side
         run_ours(tmp / "ours", folder)
         run_ours(tmp / "ours", folder, readahead=0)
+        run_ours(tmp / "ours", folder, jpeg_only=True)
         peer: list[float] = []
         ours: list[tuple[float, dict[str, Any]]] = []
         no_readahead: list[float] = []  # the same command with the next batch never read ahead
+        jpeg_only: list[float] = []  # the same command with lossless_fallback: off
         for r in range(ROUNDS):
             sides = [lambda: peer.append(run_img2dataset(exe, urls, tmp / "i2d")),
                      lambda: ours.append(run_ours(tmp / "ours", folder)),
-                     lambda: no_readahead.append(run_ours(tmp / "ours", folder, readahead=0)[0])]
-            for side in sides if r % 2 == 0 else sides[::-1]:  # ABCCBA
+                     lambda: no_readahead.append(run_ours(tmp / "ours", folder, readahead=0)[0]),
+                     lambda: jpeg_only.append(run_ours(tmp / "ours", folder, jpeg_only=True)[0])]
+            for side in sides if r % 2 == 0 else sides[::-1]:  # ABCDDCBA
                 side()
     finally:
         server.terminate()
@@ -464,6 +478,8 @@ def run() -> dict[str, Any]:
         "ours_without_readahead_seconds": [round(v, 2) for v in no_readahead],
         "whole_command_without_readahead_vs_img2dataset": round(best_peer / min(no_readahead), 3),
         "readahead_speedup": round(float(np.median(no_readahead) / np.median([v[0] for v in ours])), 3),
+        "ours_jpeg_only_seconds": [round(v, 2) for v in jpeg_only],
+        "whole_command_jpeg_only_vs_img2dataset": round(best_peer / min(jpeg_only), 3),
         "ingest_step_vs_img2dataset": round(best_peer / rec["ingest_seconds"], 3),
         "q92_check_share": round(float(np.mean(rec["q92_share"])), 4),
         "q92_check_seconds": round(rec["q92_seconds"], 3),
@@ -487,6 +503,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"  img2dataset whole command:        {r['img2dataset_images_per_s']:>8} images/s  {r['img2dataset_seconds']}",
         f"  prx-assets run --select raw_images: {r['ours_images_per_s']:>6} images/s  {r['ours_seconds']}",
         f"  whole command vs img2dataset:     {r['whole_command_vs_img2dataset']}  (target >= 1.0)",
+        f"  JPEG-only storage (lossless_fallback: off): {r['whole_command_jpeg_only_vs_img2dataset']}  "
+        f"{r['ours_jpeg_only_seconds']} (what content-aware storage costs: its first-generation PSNR per image)",
         f"  without read-ahead:               {r['whole_command_without_readahead_vs_img2dataset']}  "
         f"{r['ours_without_readahead_seconds']}; read-ahead {r['readahead_speedup']}x faster (medians)",
         f"  ingest step vs img2dataset:       {r['ingest_step_vs_img2dataset']} "
@@ -510,7 +528,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"{r['per_image_path_rounds']}; no file reads, q92 check or Lance on either side; freed memory kept: "
         f"page faults per image {r['per_image_page_faults_bare_ours']}); with glibc's defaults "
         f"{r['per_image_path_vs_bare_per_core_default_malloc']} (page faults per image "
-        f"{r['per_image_page_faults_bare_ours_default_malloc']})",
+        f"{r['per_image_page_faults_bare_ours_default_malloc']}); JPEG-only storage "
+        f"{r['per_image_path_jpeg_only_vs_bare_per_core']} (rounds {r['per_image_path_jpeg_only_rounds']})",
         "  codecs, ms per image (decode / encode q92" + "; decode handed to Pillow):",
         *[f"    {lib:<11} {v['decode_ms']:>6} / {v['encode_ms']:>6}"
           + (f"; {v['decode_to_pillow_ms']}" if "decode_to_pillow_ms" in v else "")
