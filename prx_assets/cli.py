@@ -41,7 +41,7 @@ from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TAB
 from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
 from prx_assets.core.processes import sigterm_kept
-from prx_assets.defs.doctor import HOST_TAG, PID_TAG, check_stuck_runs
+from prx_assets.defs.stuck_runs import HOST_TAG, PID_TAG
 from prx_assets.errors import PrxError
 from prx_assets.resources.storage import ProjectConfigResource
 
@@ -291,8 +291,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         expect_batches(ingest_here, [k for r in reports for k in r["new_batches"]])
         READAHEAD.start()  # the workers decode their first images while the instance opens and plans
     instance = _instance()
-    for f in check_stuck_runs(instance, repair=True):  # runs of a killed `prx-assets run` on this host
-        print(f"marked failed: run {f.where} ({f.detail})")
+    _stuck_runs(instance, repair=not args.dry_run)
     register_partitions(instance, reports)
     skipped: dict[str, str] = {}
     held: dict[str, str] = {}
@@ -338,6 +337,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stuck_runs(instance: dg.DagsterInstance, repair: bool) -> None:
+    """Say which runs will not end on their own; with ``repair``, end those with no live process
+    (nothing is running them: marked failed). Runs whose processes are still alive are only named:
+    stopping processes is ``prx-assets doctor --repair``'s to do."""
+    from prx_assets.defs.stuck_runs import end_run, stuck_runs
+
+    for stuck in stuck_runs(instance):
+        if repair and not stuck.evidence.alive():
+            print(f"run {stuck.run_id} ({stuck.evidence.job}): {stuck.why}; {end_run(instance, stuck)}")
+        else:
+            print(f"note: run {stuck.run_id} ({stuck.evidence.job}) looks stuck: {stuck.why}; "
+                  "`prx-assets doctor --repair` ends it")
+
+
 def _report_skipped(skipped: dict[str, str]) -> None:
     if not skipped:
         return
@@ -363,7 +376,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Find (``--repair``: fix) duplicates, orphan partitions, leaked folders, stale leases and stuck runs."""
     from prx_assets.defs.doctor import doctor
 
-    findings = doctor(_instance(), _root(), repair=args.repair, older_than_hours=args.older_than_hours)
+    findings = doctor(_instance(), _root(), repair=args.repair, older_than_hours=args.older_than_hours,
+                      quiet_minutes=args.quiet_minutes)
     for f in findings:
         print(f.line())
     left = [f for f in findings if not f.repaired]
@@ -772,8 +786,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="one JSON document instead of text")
     st.set_defaults(fn=cmd_status)
     dr = sub.add_parser("doctor", help="find (--repair: fix) duplicate keys, orphan partitions, leaked "
-                                       "staging/cache folders and runs left STARTED by a dead process")
-    dr.add_argument("--repair", action="store_true", help="fix what is found")
+                                       "staging/cache folders and Dagster runs that will not end on their own")
+    dr.add_argument("--repair", action="store_true", help="fix what is found (a stuck run: its processes are "
+                                                          "stopped and it is marked CANCELED or FAILURE)")
+    dr.add_argument("--quiet-minutes", type=float, default=10.0,
+                    help="a CANCELING run, or one whose steps all finished, with no event this long is stuck "
+                         "(default 10)")
     dr.add_argument("--older-than-hours", type=float, default=6.0,
                     help="staging and cache folders untouched this long count as leaked (default 6)")
     dr.set_defaults(fn=cmd_doctor)

@@ -17,29 +17,46 @@ def main(argv: list[str] | None = None) -> int:
     the garbage collector's objects once the command is done
     (:func:`~prx_assets.core.processes.freeze_before_exit`): 0.3-0.6 s less at every command's exit."""
     script, argv = argv is None, sys.argv[1:] if argv is None else argv
-    discovered = False
-    if argv[:1] in (["run"], ["demo"]) and "--dry-run" not in argv and "-h" not in argv and "--help" not in argv:
-        from prx_assets.core.ingest.worker import start_server
-
-        start_server()
-        if argv[:1] == ["run"]:
-            from prx_assets.core.ingest.early import begin, may_ingest
-
-            begin(read_ahead=may_ingest(_option(argv, "--select")))
-            discovered = True
-    from prx_assets.cli import main as cli_main
-
+    ingests = argv[:1] in (["run"], ["demo"]) and not {"--dry-run", "-h", "--help"} & set(argv)
     try:
-        return cli_main(argv)
-    finally:
-        if discovered:  # not taken when the arguments were wrong: not left for a later call in this process
-            from prx_assets.core.ingest.early import take_found
+        if not ingests:
+            from prx_assets.cli import main as cli_main
 
-            take_found()
+            return cli_main(argv)
+        return _ingesting(argv)
+    finally:
         if script:
             from prx_assets.core.processes import freeze_before_exit
 
             freeze_before_exit()
+
+
+def _ingesting(argv: list[str]) -> int:
+    """``run`` or ``demo``: the command inside one block that owns the ingest worker processes (its
+    batches and its read-ahead share them; they stop, and the read-ahead is dropped, before it
+    returns or raises)."""
+    from prx_assets.core.ingest.worker import start_server, worker_pools
+
+    discovered = False
+    with worker_pools():
+        start_server()
+        try:
+            if argv[:1] == ["run"]:
+                from prx_assets.core.ingest.early import begin, may_ingest
+
+                begin(read_ahead=may_ingest(_option(argv, "--select")))
+                discovered = True
+            from prx_assets.cli import main as cli_main
+
+            return cli_main(argv)
+        finally:
+            from prx_assets.core.ingest.readahead import READAHEAD
+
+            READAHEAD.clear()
+            if discovered:  # not taken when the arguments were wrong: not left for a later call in this process
+                from prx_assets.core.ingest.early import take_found
+
+                take_found()
 
 
 def _option(argv: list[str], name: str) -> str | None:

@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     fn, _ = load_stage(args.stage)
     resources = StageResources.from_json(args.resources)
-    with open_dagster_pipes() as pipes:
+    from prx_assets.core.ingest.worker import worker_pools
+
+    with open_dagster_pipes() as pipes, worker_pools():  # the job's partitions share one ingest pool
         for key in args.partition_keys:
             pipes.log.info(f"running {args.stage} {key}")
             result = fn(resources, key, pipes.log.info)

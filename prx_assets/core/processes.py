@@ -4,6 +4,7 @@ process's exit without collecting over every object it holds."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -14,14 +15,20 @@ from contextlib import contextmanager
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (one owned by another user counts as alive)."""
+    """Whether process ``pid`` exists on this host and has not exited (one owned by another user
+    counts as alive; a zombie, exited but not yet reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def gone_here(host: str, pid: int) -> bool:
@@ -62,3 +69,31 @@ def freeze_before_exit() -> None:
     exit are not collected (the operating system takes the memory back). Call it only in a process
     that exits next: frozen objects are never collected."""
     gc.freeze()
+
+
+def end_processes(pids: list[int], grace_s: float = 10.0) -> list[int]:
+    """Stop processes ``pids`` and every descendant of theirs (found before any is signalled, so
+    children re-parented on their parent's exit are not missed): SIGTERM, then SIGKILL to what is
+    left after ``grace_s``. Returns the pids that were alive and are now gone. This process and its
+    ancestors are never signalled."""
+    import psutil
+
+    spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    procs: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            top = psutil.Process(pid)
+            for p in [top, *top.children(recursive=True)]:
+                if p.pid not in spared:
+                    procs[p.pid] = p
+        except psutil.NoSuchProcess:
+            continue
+    for p in procs.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return sorted(procs)

@@ -7,8 +7,10 @@
   the config): ``repair`` removes the keys, their history stays;
 - staging folders of shard sets that were never published, and MDS read-back caches in the
   temporary folder, older than ``older_than``: ``repair`` deletes them;
-- Dagster runs of ``prx-assets run`` left STARTED by a process that no longer exists on this
-  host: ``repair`` marks them failed;
+- Dagster runs of any launcher that will not end on their own (their processes gone, CANCELING
+  or finished-but-open with no event for ``quiet_minutes``, NOT_STARTED since; see
+  :mod:`prx_assets.defs.stuck_runs`): ``repair`` ends their processes and marks them CANCELED or
+  FAILURE;
 - stale writer leases (see :mod:`prx_assets.core.leases`: the holder's process is gone or it
   stopped beating): ``repair`` frees them (a later writer would take them over anyway);
 - kept curation state no configured recipe reads (a recipe removed, a dedup rule dropped, caption
@@ -21,7 +23,6 @@ Key columns are read one id range at a time (memory bounded by the range, not th
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,13 +43,12 @@ from prx_assets.core.lab.sql import literal
 from prx_assets.core.lab.sync import embedding_column
 from prx_assets.core.lab.table import open_table
 from prx_assets.core.leases import list_leases, remove_generation
-from prx_assets.core.processes import pid_alive
 from prx_assets.core.scratch import dead_owner, release
 from prx_assets.defs.partitions import orphan_partitions
+from prx_assets.defs.stuck_runs import HOST_TAG, PID_TAG, QUIET_MINUTES, end_run, stuck_runs
 from prx_assets.resources.storage import ProjectConfigResource
 
-#: Tags ``prx-assets run`` puts on its in-process runs, so a dead one can be recognized.
-HOST_TAG, PID_TAG = "prx/host", "prx/pid"
+__all__ = ["HOST_TAG", "PID_TAG", "Finding", "doctor"]
 #: Key rows read per id range when looking for duplicates.
 KEY_ROWS_PER_RANGE = 2_000_000
 
@@ -167,19 +167,15 @@ def check_leaked_folders(root: DataRoot, older_than_hours: float, repair: bool) 
     return out
 
 
-def check_stuck_runs(instance: dg.DagsterInstance, repair: bool) -> list[Finding]:
-    """Runs of ``prx-assets run`` on this host left STARTED by a process that is gone."""
+def check_stuck_runs(instance: dg.DagsterInstance, repair: bool,
+                     quiet_minutes: float = QUIET_MINUTES) -> list[Finding]:
+    """Runs of any launcher that will not end on their own (see :mod:`prx_assets.defs.stuck_runs`);
+    ``repair`` ends their processes and marks them CANCELED or FAILURE."""
     out = []
-    host = socket.gethostname()
-    for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
-        if run.tags.get(HOST_TAG) != host or not run.tags.get(PID_TAG, "").isdigit():
-            continue
-        pid = int(run.tags[PID_TAG])
-        if pid_alive(pid):
-            continue
-        f = Finding("stuck_run", run.run_id, f"STARTED by process {pid} on {host}, which no longer exists")
+    for stuck in stuck_runs(instance, quiet_minutes):
+        f = Finding("stuck_run", f"{stuck.run_id} ({stuck.evidence.job})", stuck.why)
         if repair:
-            instance.report_run_failed(run, f"process {pid} on {host} died; marked failed by prx-assets doctor")
+            f.detail += f"; {end_run(instance, stuck)}"
             f.repaired = True
         out.append(f)
     return out
@@ -219,8 +215,8 @@ def check_kept_state(root: DataRoot, repair: bool, project: ProjectConfigResourc
 
 
 def doctor(instance: dg.DagsterInstance, root: DataRoot, repair: bool = False,
-           older_than_hours: float = 6.0) -> list[Finding]:
+           older_than_hours: float = 6.0, quiet_minutes: float = QUIET_MINUTES) -> list[Finding]:
     """Every check above, in order; with ``repair`` each finding is fixed as it is found."""
-    return [*check_stuck_runs(instance, repair), *check_leases(root, repair), *check_orphans(instance, root, repair),
+    return [*check_stuck_runs(instance, repair, quiet_minutes), *check_leases(root, repair), *check_orphans(instance, root, repair),
             *check_leaked_folders(root, older_than_hours, repair), *check_kept_state(root, repair),
             *check_duplicates(root, repair)]

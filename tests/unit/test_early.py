@@ -15,7 +15,7 @@ from prx_assets.core.ingest import early
 from prx_assets.core.ingest.batches import load_manifest, load_manifests
 from prx_assets.core.ingest.readahead import READAHEAD, BatchInputs
 from prx_assets.core.ingest.sources import reader_for
-from prx_assets.core.ingest.worker import shutdown_pool
+from prx_assets.core.ingest.worker import shutdown_pool, worker_pools
 from tests.helpers import write_folder_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,9 +34,12 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("PRX_CONFIG_DIR", str(config))
     monkeypatch.setenv("PRX_DATA_ROOT", str(tmp_path / "data"))
     try:
-        yield tmp_path
+        with worker_pools():  # as prx-assets run holds it
+            try:
+                yield tmp_path
+            finally:
+                READAHEAD.clear()
     finally:
-        READAHEAD.clear()
         early.take_found()
         shutdown_pool()
 

@@ -5,6 +5,7 @@ failed, is dropped; one batch at most is read ahead at a time."""
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import lance
@@ -17,9 +18,17 @@ from prx_assets.core.ingest.batches import discover, load_manifest, load_manifes
 from prx_assets.core.ingest.pipeline import ingest_batch
 from prx_assets.core.ingest.readahead import BatchInputs, ReadAhead
 from prx_assets.core.ingest.sources import reader_for
-from prx_assets.core.ingest.worker import shutdown_pool
+from prx_assets.core.ingest.worker import shutdown_pool, worker_pools
 from prx_assets.errors import ConfigError
 from tests.helpers import write_folder_corpus
+
+
+@pytest.fixture(autouse=True)
+def pools() -> Iterator[None]:
+    """Read-ahead threads use the worker processes of the block that owns them (``prx-assets run``'s)."""
+    with worker_pools():
+        yield
+
 
 COLUMNS = ["image_id", "batch", "sha256", "jpeg", "phash", "width", "height", "stored_format", "q92_psnr_db"]
 

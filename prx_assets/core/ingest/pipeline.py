@@ -35,6 +35,7 @@ from prx_assets.core.ingest.worker import (
     normalize_here,
     normalize_in_pool,
     normalize_many_in_pool,
+    worker_pools,
 )
 from prx_assets.core.lab.schema import (
     IMAGES_SCHEMA,
@@ -316,7 +317,18 @@ def outcome_stream(manifest: BatchManifest, reader: SourceReader, settings: Inge
     chunks = ordered_map(partial(process_chunk, source=source, batch=batch, settings=settings,
                                  fingerprint=fingerprint, q92_rate=q92_rate, processes=processes),
                          _chunked(items, CHUNK), threads, window=threads)
-    return (outcome for chunk in chunks for outcome in chunk)
+    return _flat(chunks)
+
+
+def _flat(chunks: Iterator[list[Outcome]]) -> Iterator[Outcome]:
+    """The outcomes of ``chunks``, in order; closing this closes ``chunks`` (its threads finish)."""
+    try:
+        for chunk in chunks:
+            yield from chunk
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def _then(items: Iterator[T], after: Callable[[], None]) -> Iterator[T]:
@@ -325,12 +337,82 @@ def _then(items: Iterator[T], after: Callable[[], None]) -> Iterator[T]:
     after()
 
 
+class _Tally:
+    """What :func:`ingest_batch` counts of a batch's outcomes as they stream into Lance."""
+
+    def __init__(self, result: IngestResult) -> None:
+        self.result = result
+        self.rejects: list[dict[str, Any]] = []
+        self.reasons: Counter[str] = Counter()
+        self.buckets: Counter[str] = Counter()
+        self.formats: Counter[str] = Counter()
+
+    def add(self, row: dict[str, Any] | None, rej: dict[str, Any] | None) -> None:
+        """Count one outcome (popping the keys that ride along and are not stored)."""
+        result = self.result
+        warns = (row or rej or {}).pop(WARNINGS_KEY, None)
+        result.work_seconds += (row or rej or {}).pop(SECONDS_KEY, 0.0)
+        lossless = row.pop(LOSSLESS_KEY, None) if row is not None else None
+        if row is not None and Q92_KEY in row:
+            result.q92_curves.append(row.pop(Q92_KEY))
+            result.q92_seconds += row.pop(Q92_SECONDS_KEY)
+        if warns:
+            result.decoder_warnings += len(warns)
+            if len(result.warning_examples) < 20:
+                result.warning_examples.append({"uri": (row or rej or {}).get("uri", ""),
+                                                "warnings": "; ".join(warns[:3])})
+        if rej is not None:
+            self.rejects.append(rej)
+            self.reasons[rej["reason"]] += 1
+            result.bytes_in += rej["orig_bytes"]
+        elif row is not None:
+            result.rows += 1
+            result.bytes_in += row["orig_bytes"]
+            result.bytes_out += row["jpeg_bytes"]
+            self.buckets[row["aspect_bucket"]] += 1
+            self.formats[row["orig_format"]] += 1
+            result.stored_formats[row["stored_format"]] = result.stored_formats.get(row["stored_format"], 0) + 1
+            if lossless:
+                result.lossless_reasons[lossless] = result.lossless_reasons.get(lossless, 0) + 1
+            if row["q92_psnr_db"] is not None:
+                result.psnr_db.append(row["q92_psnr_db"])
+
+    def batches(self, outcomes: Iterator[Outcome], rows_per_write: int,
+                progress: Callable[[int, int], None] | None) -> Iterator[pa.RecordBatch]:
+        """The rows of ``outcomes`` as record batches of ``rows_per_write``, counting every outcome."""
+        rows: list[dict[str, Any]] = []
+        for done, (row, rej) in enumerate(outcomes, 1):
+            self.add(row, rej)
+            if row is not None:
+                rows.append(row)
+            if len(rows) >= rows_per_write:
+                yield pa.RecordBatch.from_pylist(rows, schema=IMAGES_SCHEMA)
+                rows = []
+            if progress and done % rows_per_write == 0:
+                progress(done, len(self.rejects))
+        if rows:
+            yield pa.RecordBatch.from_pylist(rows, schema=IMAGES_SCHEMA)
+
+    def finish(self) -> None:
+        """Copy the counters into the result."""
+        result = self.result
+        result.rejects = dict(sorted(self.reasons.items()))
+        result.buckets = dict(sorted(self.buckets.items()))
+        result.formats = dict(sorted(self.formats.items()))
+        result.reject_examples = [{"uri": r["uri"], "reason": r["reason"], "message": r["message"]}
+                                  for r in self.rejects[:20]]
+
+
 def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
                  settings: IngestSettings, rows_per_write: int = 64,
                  progress: Callable[[int, int], None] | None = None,
                  outcomes: Iterator[Outcome] | None = None,
                  on_drained: Callable[[], None] | None = None) -> IngestResult:
     """Ingest one batch into the ``images`` and ``rejects`` tables, replacing its rows.
+
+    Every thread and worker process it uses ends before it returns or raises (interrupted
+    included): the outcome stream is closed and the call holds a
+    :func:`~.worker.worker_pools` block.
 
     Parameters
     ----------
@@ -353,69 +435,40 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
         Passed to the :func:`outcome_stream` this call starts.
     """
     started = time.perf_counter()
-    source, batch = manifest.source, manifest.key
-    result = IngestResult(source=source, batch=batch, images_uri=table_uri(root, IMAGES_TABLE),
-                          rejects_uri=table_uri(root, REJECTS_TABLE))
-    rejects: list[dict[str, Any]] = []
-    reasons: Counter[str] = Counter()
-    buckets: Counter[str] = Counter()
-    formats: Counter[str] = Counter()
-    processes = settings.effective_processes(manifest.weight)
-    result.processes = processes
-    if outcomes is None:
-        outcomes = outcome_stream(manifest, reader, settings, on_drained)
+    result = IngestResult(source=manifest.source, batch=manifest.key, images_uri=table_uri(root, IMAGES_TABLE),
+                          rejects_uri=table_uri(root, REJECTS_TABLE),
+                          processes=settings.effective_processes(manifest.weight))
+    with worker_pools():
+        if outcomes is None:
+            outcomes = outcome_stream(manifest, reader, settings, on_drained)
+        try:
+            tally = _Tally(result)
+            _write_batch(root, result, tally, tally.batches(outcomes, rows_per_write, progress))
+        finally:
+            close = getattr(outcomes, "close", None)
+            if close is not None:
+                close()  # the reading threads finish before the pools stop
+    tally.finish()
+    result.seconds = time.perf_counter() - started
+    return result
 
-    def batches() -> Iterator[pa.RecordBatch]:
-        rows: list[dict[str, Any]] = []
-        for done, (row, rej) in enumerate(outcomes, 1):
-            warns = (row or rej or {}).pop(WARNINGS_KEY, None)
-            result.work_seconds += (row or rej or {}).pop(SECONDS_KEY, 0.0)
-            lossless = row.pop(LOSSLESS_KEY, None) if row is not None else None
-            if row is not None and Q92_KEY in row:
-                result.q92_curves.append(row.pop(Q92_KEY))
-                result.q92_seconds += row.pop(Q92_SECONDS_KEY)
-            if warns:
-                result.decoder_warnings += len(warns)
-                if len(result.warning_examples) < 20:
-                    result.warning_examples.append({"uri": (row or rej or {}).get("uri", ""),
-                                                    "warnings": "; ".join(warns[:3])})
-            if rej is not None:
-                rejects.append(rej)
-                reasons[rej["reason"]] += 1
-                result.bytes_in += rej["orig_bytes"]
-            elif row is not None:
-                rows.append(row)
-                result.rows += 1
-                result.bytes_in += row["orig_bytes"]
-                result.bytes_out += row["jpeg_bytes"]
-                buckets[row["aspect_bucket"]] += 1
-                formats[row["orig_format"]] += 1
-                result.stored_formats[row["stored_format"]] = result.stored_formats.get(row["stored_format"], 0) + 1
-                if lossless:
-                    result.lossless_reasons[lossless] = result.lossless_reasons.get(lossless, 0) + 1
-                if row["q92_psnr_db"] is not None:
-                    result.psnr_db.append(row["q92_psnr_db"])
-            if len(rows) >= rows_per_write:
-                yield pa.RecordBatch.from_pylist(rows, schema=IMAGES_SCHEMA)
-                rows = []
-            if progress and done % rows_per_write == 0:
-                progress(done, len(rejects))
-        if rows:
-            yield pa.RecordBatch.from_pylist(rows, schema=IMAGES_SCHEMA)
 
+def _write_batch(root: DataRoot, result: IngestResult, tally: _Tally, batches: Iterator[pa.RecordBatch]) -> None:
+    """Replace the batch's rows and rejects (one commit each), under the batch's writer lease."""
+    batch = result.batch
     opts = root.storage_options()
     # One writer per batch at a time (two runs, or the CLI beside a UI backfill): the second waits,
     # then finds the partition equal and commits nothing.
     with Lease(root, lease_name("raw_images", batch)) as lease:
         with routed():
             written = replace_partition(result.images_uri, IMAGES_SCHEMA, "batch", batch,
-                                        _checked(batches(), lease), storage_options=opts,
+                                        _checked(batches, lease), storage_options=opts,
                                         unchanged_if=UNCHANGED_ROW, compare=UNCHANGED_COLUMNS)
         lease.check()
         crash_point("ingest.between_commits")
         rej_written = replace_partition(
             result.rejects_uri, REJECTS_SCHEMA, "batch", batch,
-            [pa.RecordBatch.from_pylist(rejects, schema=REJECTS_SCHEMA)] if rejects else [],
+            [pa.RecordBatch.from_pylist(tally.rejects, schema=REJECTS_SCHEMA)] if tally.rejects else [],
             storage_options=opts)
     result.lease_wait_seconds = round(lease.waited, 3)
     result.images_version = written.version
@@ -424,13 +477,6 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
         images = open_table(result.images_uri, opts)
         result.partition_version = partition_row_version(images, where_eq("batch", batch)) if images else None
     result.inserted, result.updated, result.deleted = written.inserted, written.updated, written.deleted
-    result.rejects = dict(sorted(reasons.items()))
-    result.buckets = dict(sorted(buckets.items()))
-    result.formats = dict(sorted(formats.items()))
-    result.reject_examples = [{"uri": r["uri"], "reason": r["reason"], "message": r["message"]}
-                              for r in rejects[:20]]
-    result.seconds = time.perf_counter() - started
-    return result
 
 
 def _chunked(items: Iterator[T], size: int) -> Iterator[list[T]]:

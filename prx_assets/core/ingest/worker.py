@@ -16,14 +16,17 @@ goes on.
 
 from __future__ import annotations
 
-import atexit
+import contextlib
+import ctypes
 import dataclasses
 import logging
 import multiprocessing as mp
 import os
+import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
@@ -104,6 +107,38 @@ def _in_child(data: bytes, settings: IngestSettings, sampled: bool, label: str,
 log = logging.getLogger(__name__)
 _POOLS: dict[int, ProcessPoolExecutor] = {}  # by size: partitions with other settings never share one
 _POOL_LOCK = threading.Lock()
+_HOLDERS = [0]  # open worker_pools() blocks in this process
+
+
+class PoolsClosed(Exception):
+    """Worker processes were asked for outside a :func:`worker_pools` block (a programming error:
+    a pool started there would have no owner to stop it). Not a ``RuntimeError``, so that no
+    fallback path mistakes it for processes that cannot start."""
+
+
+@contextlib.contextmanager
+def worker_pools() -> Iterator[None]:
+    """Let this block (and the threads it starts) use worker processes; the outermost open block
+    shuts them down when it leaves, waiting for the tasks in flight (a chunk of a few images each)."""
+    with _POOL_LOCK:
+        _HOLDERS[0] += 1
+    try:
+        yield
+    finally:
+        with _POOL_LOCK:
+            _HOLDERS[0] -= 1
+            last = _HOLDERS[0] == 0
+        if last:
+            shutdown_pool()
+
+
+def _die_with_parent() -> None:
+    """Pool worker initializer: ask Linux to kill this process when its parent (the forkserver) dies."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError) as e:  # no prctl: the pool's own shutdown still stops it
+            log.debug("PR_SET_PDEATHSIG unavailable: %s", e)
 
 
 def _context() -> Any:
@@ -116,7 +151,7 @@ def start_server() -> None:
     """Start the forkserver the worker processes fork from, and its import of this module, now:
     in its own process, on a core this one leaves idle while it imports and opens the Dagster
     instance (``prx-assets run`` calls it first). Idempotent; a failure here is met again, and
-    reported, where the pool starts."""
+    reported, where the pool starts. The forkserver exits with this process."""
     from multiprocessing import forkserver
 
     try:
@@ -126,11 +161,18 @@ def start_server() -> None:
         log.debug("forkserver not started ahead: %s", e)
 
 
+def _new_pool(size: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max_workers=size, mp_context=_context(), initializer=_die_with_parent)
+
+
 def _pool(size: int) -> ProcessPoolExecutor:
     with _POOL_LOCK:
+        if _HOLDERS[0] == 0:
+            raise PoolsClosed("ingest worker processes are only started inside `with worker_pools():` "
+                              "(prx_assets.core.ingest.worker); ingest_batch and prx-assets run hold one")
         pool = _POOLS.get(size)
         if pool is None:
-            pool = _POOLS[size] = ProcessPoolExecutor(max_workers=size, mp_context=_context())
+            pool = _POOLS[size] = _new_pool(size)
         return pool
 
 
@@ -142,9 +184,9 @@ def _reset(broken: ProcessPoolExecutor) -> None:
                 pool.shutdown(wait=False, cancel_futures=True)
 
 
-@atexit.register
 def shutdown_pool() -> None:
-    """Stop the worker processes (at exit; tests call it too)."""
+    """Stop this process's worker processes now, waiting for the tasks in flight (the outermost
+    :func:`worker_pools` block calls it; tests call it too)."""
     with _POOL_LOCK:
         pools = list(_POOLS.values())
         _POOLS.clear()
@@ -166,7 +208,7 @@ def _unavailable(why: str) -> None:
 
 
 def _alone(*args: Any) -> tuple[Any, ...]:
-    with ProcessPoolExecutor(max_workers=1, mp_context=_context()) as alone:
+    with _new_pool(1) as alone:
         return alone.submit(*args).result()
 
 
