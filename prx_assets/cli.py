@@ -19,6 +19,7 @@ Runs are recorded in the Dagster instance at ``$DAGSTER_HOME`` (default
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -46,14 +47,17 @@ from prx_assets.errors import PrxError
 from prx_assets.resources.storage import ProjectConfigResource
 
 
-def ensure_dagster_home() -> Path:
+def ensure_dagster_home(read_only: bool = False) -> Path:
     """Use ``$DAGSTER_HOME``, defaulting to ``./.dagster_home`` seeded with ``./dagster.yaml``
-    (or, outside a checkout, the packaged copy of it)."""
+    (or, outside a checkout, the packaged copy of it). ``read_only``: an existing home is used as it
+    is (nothing written)."""
     home = os.environ.get("DAGSTER_HOME")
     if not home:
         home = str(Path(".dagster_home").resolve())
         os.environ["DAGSTER_HOME"] = home
     path = Path(home)
+    if read_only and (path / "dagster.yaml").is_file():
+        return path
     path.mkdir(parents=True, exist_ok=True)
     project_yaml = Path("dagster.yaml")
     target = path / "dagster.yaml"
@@ -89,8 +93,12 @@ def _home_lock(home: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _instance() -> dg.DagsterInstance:
-    home = ensure_dagster_home()
+def _instance(read_only: bool = False) -> dg.DagsterInstance:
+    """The Dagster instance at ``$DAGSTER_HOME`` (set up if new). ``read_only``: an existing instance
+    is opened without writing to its folder (``run --dry-run``)."""
+    home = ensure_dagster_home(read_only)
+    if read_only and (home / "dagster.yaml").is_file():
+        return dg.DagsterInstance.get()
     with _home_lock(home):
         instance = dg.DagsterInstance.get()
         instance.get_runs(limit=1)  # creates (or migrates) the storages' schemas under the lock
@@ -171,10 +179,12 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
 def selected_keys(defs: dg.Definitions, select: str | None) -> list[dg.AssetKey]:
     """Asset keys of a Dagster selection string (all by default), in dependency order."""
+    from prx_assets.asset_selection import resolve
+
     graph = defs.resolve_asset_graph()
     order = list(graph.toposorted_asset_keys)
     if select:
-        chosen = dg.AssetSelection.from_string(select).resolve(graph)
+        chosen = resolve(graph, select)
         order = [k for k in order if k in chosen]
     return order
 
@@ -184,17 +194,38 @@ def plan_cache_dir(instance: dg.DagsterInstance) -> Path:
     return Path(instance.root_directory) / "prx_plan_cache"
 
 
+def partition_keys(pdef: dg.PartitionsDefinition, instance: dg.DagsterInstance,
+                   pending: dict[str, list[str]] | None = None) -> list[str]:
+    """Keys of ``pdef``, counting ``pending`` dynamic keys (per partitions name) as registered: a dry
+    run registers nothing, yet plans the batches discovery would add (and their captioner rows)."""
+    if not pending:
+        return list(pdef.get_partition_keys(dynamic_partitions_store=instance))
+    if isinstance(pdef, dg.DynamicPartitionsDefinition) and pdef.name:
+        known = list(instance.get_dynamic_partitions(pdef.name))
+        have = set(known)
+        return known + [k for k in pending.get(pdef.name, []) if k not in have]
+    if isinstance(pdef, dg.MultiPartitionsDefinition):
+        dims = [(d.name, partition_keys(d.partitions_def, instance, pending)) for d in pdef.partitions_defs]
+        names = [n for n, _ in dims]
+        return [str(dg.MultiPartitionKey(dict(zip(names, combo, strict=True))))
+                for combo in itertools.product(*(keys for _, keys in dims))]
+    return list(pdef.get_partition_keys(dynamic_partitions_store=instance))
+
+
 def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | None,
              keys: list[dg.AssetKey] | None = None, skipped: dict[str, str] | None = None,
              orphans: dict[str, dict[str, str]] | None = None,
-             held: dict[str, str] | None = None) -> list[tuple[dg.AssetKey, str | None]]:
+             held: dict[str, str] | None = None, pending: dict[str, list[str]] | None = None,
+             read_only: bool = False) -> list[tuple[dg.AssetKey, str | None]]:
     """Missing or stale (asset, partition) pairs of the selection (or ``keys``), in dependency order.
 
     Partitions that nothing backs any more (see ``orphan_partitions``) are left out; when
     ``skipped`` is given it receives ``{"asset[partition]": why}`` for each. ``orphans`` (from
     ``orphan_partitions``) spares listing them again when a run plans asset by asset. Partitions
     that read a parent partition whose blocking check failed are left out too (see
-    :mod:`prx_assets.defs.quarantine`), with ``held`` receiving why.
+    :mod:`prx_assets.defs.quarantine`), with ``held`` receiving why. ``pending``: dynamic partition
+    keys not registered yet that count as if they were (a dry run registers nothing);
+    ``read_only``: the fingerprint cache under the instance is read, not written.
     """
     from prx_assets.defs.partitions import is_orphan, orphan_partitions
     from prx_assets.defs.quarantine import held_back
@@ -213,8 +244,8 @@ def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | N
         if pdef is None:
             partitions: list[str | None] = [None]
         else:
-            partitions = list(pdef.get_partition_keys(dynamic_partitions_store=instance))
-        recorded = recorded_fingerprints(instance, key, cache_dir=plan_cache_dir(instance))
+            partitions = list(partition_keys(pdef, instance, pending))
+        recorded = recorded_fingerprints(instance, key, cache_dir=plan_cache_dir(instance), save=not read_only)
         fp_fn = fingerprint_for(key)
         todo: list[str | None] = []
         for pk in partitions:
@@ -283,15 +314,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from prx_assets.defs.partitions import orphan_partitions
     from prx_assets.defs.quarantine import failures_not_holding_back
 
+    if args.dry_run:
+        return _dry_run(defs, args.select)
+    keys = selected_keys(defs, args.select)  # a bad --select fails here, before anything is written
     found = take_found()  # the console script discovered before importing this (and read ahead)
     reports = found.reports if found is not None else discover_batches(_root(), load_sources())
-    ingest_here = None if args.dry_run else ingest_resources(defs, selected_keys(defs, args.select))
+    ingest_here = ingest_resources(defs, keys)
     settle(found, ingest_here.to_json() if ingest_here is not None else None)
     if ingest_here is not None:  # batches this discovery created: never ingested, so planned below
         expect_batches(ingest_here, [k for r in reports for k in r["new_batches"]])
         READAHEAD.start()  # the workers decode their first images while the instance opens and plans
     instance = _instance()
-    _stuck_runs(instance, repair=not args.dry_run)
+    _stuck_runs(instance, repair=True)
     register_partitions(instance, reports)
     skipped: dict[str, str] = {}
     held: dict[str, str] = {}
@@ -305,10 +339,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("everything is up to date")
         return 0
     print(f"{len(plan)} partitions to materialize")
-    if args.dry_run:
-        for key, pk in plan:
-            print(f"  {key.to_user_string()} {pk or ''}")
-        return 0
     job = defs.resolve_implicit_global_asset_job_def()
     level = "INFO" if args.verbose else "CRITICAL"
     failed = done = 0
@@ -334,6 +364,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     if failed:
         print(f"{failed} of {done} partitions failed")
         return 1
+    return 0
+
+
+def _dry_run(defs: dg.Definitions, select: str | None) -> int:
+    """``run --dry-run``: what ``run`` would materialize, writing nothing (no manifest, partition,
+    run, cache or repair): the batches discovery would create count as registered."""
+    from prx_assets.defs.ingest import discover_batches
+    from prx_assets.defs.partitions import missing_partitions, orphan_partitions
+
+    selected_keys(defs, select)
+    reports = discover_batches(_root(), load_sources(), dry_run=True)
+    instance = _instance(read_only=True)
+    _stuck_runs(instance, repair=False)
+    pending = missing_partitions(instance, ProjectConfigResource(), (k for r in reports for k in r["all_batches"]))
+    skipped: dict[str, str] = {}
+    held: dict[str, str] = {}
+    orphans = orphan_partitions(instance, ProjectConfigResource(), _root())
+    plan = plan_run(defs, instance, select, skipped=skipped, orphans=orphans, held=held, pending=pending,
+                    read_only=True)
+    _report_skipped(skipped)
+    _report_held(held)
+    new = [k for keys in pending.values() for k in keys]
+    if new:
+        print(f"would register {len(new)} new partitions: {', '.join(new[:8])}{' ...' if len(new) > 8 else ''}")
+    if not plan:
+        print("everything is up to date")
+        return 0
+    print(f"{len(plan)} partitions to materialize (what reads them is planned again once they ran)")
+    for key, pk in plan:
+        print(f"  {key.to_user_string()} {pk or ''}")
     return 0
 
 

@@ -404,11 +404,11 @@ ingest_job = dg.define_asset_job(
 
 
 def discover_batches(root: DataRoot, sources: SourcesConfig, s3_client: Any = None,
-                     only: str | None = None, full: bool = False) -> list[dict[str, Any]]:
+                     only: str | None = None, full: bool = False, dry_run: bool = False) -> list[dict[str, Any]]:
     """Run discovery for every source (or one) and return their summaries with batch lists
-    (``full``: list every file again and report changed ones); see
+    (``full``: list every file again and report changed ones; ``dry_run``: write nothing); see
     :func:`~prx_assets.core.ingest.batches.discover_sources`."""
-    return discover_sources(root, sources, s3_client=s3_client, only=only, full=full)
+    return discover_sources(root, sources, s3_client=s3_client, only=only, full=full, dry_run=dry_run)
 
 
 @dg.sensor(job=ingest_job, minimum_interval_seconds=60,

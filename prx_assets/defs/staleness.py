@@ -119,7 +119,7 @@ def _history_origin(instance: dg.DagsterInstance, key: dg.AssetKey) -> str:
 
 
 def recorded_fingerprints(instance: dg.DagsterInstance, key: dg.AssetKey,
-                          cache_dir: Path | None = None) -> dict[str | None, str]:
+                          cache_dir: Path | None = None, save: bool = True) -> dict[str | None, str]:
     """Latest recorded fingerprint per partition key (``None`` for unpartitioned).
 
     With ``cache_dir``, the fingerprints read are kept in a Parquet file per asset beside the
@@ -127,6 +127,7 @@ def recorded_fingerprints(instance: dg.DagsterInstance, key: dg.AssetKey,
     storage id of every partition (one query) and reads only the records whose id is not cached
     (partitions materialized since): a plan over 10^5 partitions reads what changed, not
     everything. Event ids never change meaning within one history (checked by its first event).
+    ``save=False`` reads the cache without updating it.
     """
     ids = dict(instance.event_log_storage.get_latest_storage_id_by_partition(
         key, DagsterEventType.ASSET_MATERIALIZATION))
@@ -146,7 +147,7 @@ def recorded_fingerprints(instance: dg.DagsterInstance, key: dg.AssetKey,
         for rec in res.records:
             if rec.asset_materialization is not None:
                 out[rec.asset_materialization.partition] = recorded_fingerprint(rec.asset_materialization)
-    if origin and missing:
+    if origin and missing and save:
         _save_cache(cache_dir, key, origin, {pk: (ids[pk], out[pk]) for pk in ids if pk in out})
     latest = instance.fetch_materializations(key, limit=1).records
     if latest and latest[0].asset_materialization is not None and latest[0].asset_materialization.partition is None:

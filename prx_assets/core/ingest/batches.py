@@ -357,7 +357,7 @@ def _listing_path(source: str) -> str:
 
 
 def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
-             max_attempts: int = 5, full: bool = False) -> DiscoveryReport:
+             max_attempts: int = 5, full: bool = False, dry_run: bool = False) -> DiscoveryReport:
     """Create manifests for units not yet in any batch of this source.
 
     Known units come from the manifest index (Parquet segments under ``_index/``) and the
@@ -368,6 +368,8 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
     only what changed since the last discovery and never re-check known files; ``full=True``
     lists everything and reports changed files (same key, different size or stamp), which are
     not re-batched: re-materialize their partition to pick the change up.
+    ``dry_run`` writes nothing (no manifest, index or listing state) and reports the batches that
+    discovery would create now.
     """
     claimed: list[str] = []
     for _ in range(max_attempts):
@@ -398,6 +400,11 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
         written: list[BatchManifest] = []
         for group in group_units(new, config.batch_size):
             manifest = BatchManifest(source=config.name, seq=next_seq, units=tuple(group))
+            if dry_run:
+                report.new_batches.append(manifest.key)
+                report.all_batches.append(manifest.key)
+                next_seq += 1
+                continue
             if not root.write_new(manifest_path(config.name, next_seq), manifest.to_bytes()):
                 lost_race = True
                 break
@@ -406,6 +413,8 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
             report.new_batches.append(manifest.key)
             report.all_batches.append(manifest.key)
             next_seq += 1
+        if dry_run:
+            return report
         if not lost_race:
             if written:
                 crash_point("discover.before_index")  # manifests claimed, the index not written
@@ -419,14 +428,15 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
 
 
 def discover_sources(root: DataRoot, sources: SourcesConfig, s3_client: S3ClientFactory | None = None,
-                     only: str | None = None, full: bool = False) -> list[dict[str, Any]]:
+                     only: str | None = None, full: bool = False, dry_run: bool = False) -> list[dict[str, Any]]:
     """Run :func:`discover` for every source (or the one named ``only``) and return their summaries,
-    each with ``all_batches`` (``full``: list every file again and report changed ones)."""
+    each with ``all_batches`` (``full``: list every file again and report changed ones; ``dry_run``:
+    write nothing, report what would be created)."""
     out = []
     for cfg in sources.sources:
         if only and cfg.name != only:
             continue
-        rep = discover(cfg, reader_for(cfg, s3_client=s3_client), root, full=full)
+        rep = discover(cfg, reader_for(cfg, s3_client=s3_client), root, full=full, dry_run=dry_run)
         summary = rep.summary()
         summary["all_batches"] = rep.all_batches
         out.append(summary)

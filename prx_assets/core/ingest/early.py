@@ -55,7 +55,7 @@ def local_resources() -> str:
 
 #: An asset selection that names assets only (no ``+``/``*`` graph steps, no ``key:``/``group:``
 #: filters or functions): which assets it holds is then known without the definitions.
-_NAMES_ONLY = re.compile(r"^\s*[A-Za-z_][A-Za-z0-9_]*(\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*\s*$")
+_NAMES_ONLY = re.compile(r"^\s*[A-Za-z_][A-Za-z0-9_]*([\s,]+[A-Za-z_][A-Za-z0-9_]*)*[\s,]*$")
 
 
 def may_ingest(select: str | None) -> bool:
@@ -64,12 +64,14 @@ def may_ingest(select: str | None) -> bool:
 
     >>> may_ingest(None), may_ingest("raw_images"), may_ingest("*training_mixture"), may_ingest("lance_table")
     (True, True, True, False)
-    >>> may_ingest("lance_table, raw_images"), may_ingest("lance_table, curated_subsets")
+    >>> may_ingest("lance_table, raw_images"), may_ingest("lance_table curated_subsets")
     (True, False)
+    >>> may_ingest("recaptions or image_embeddings")
+    True
     """
-    if select is None or not _NAMES_ONLY.match(select):
+    if select is None or not _NAMES_ONLY.match(select) or re.search(r"\b(or|and|not)\b", select):
         return True
-    return "raw_images" in {name.strip() for name in select.split(",")}
+    return "raw_images" in set(re.split(r"[\s,]+", select.strip()))
 
 
 def begin(read_ahead: bool = True) -> Found | None:
