@@ -192,7 +192,8 @@ def test_embedder_batch_override_keeps_the_stored_precision() -> None:
     keeps ``vector_dtype`` (and so the embedder id) of the configured one."""
     from prx_assets.resources.models import EmbedderResource
 
-    spec = EmbedderSpec(model="/models/siglip", name="siglip", batch_size=32, dtype="bfloat16", vector_dtype="float16")
+    spec = EmbedderSpec(model="google/siglip2-so400m-patch14-384", name="siglip", batch_size=32, dtype="bfloat16",
+                        vector_dtype="float16")
     eff = EmbedderResource(batch_size=4).effective(spec)
     assert (eff.batch_size, eff.vector_dtype, eff.dtype, eff.name) == (4, "float16", "bfloat16", "siglip")
     assert eff.embedder_id() == spec.embedder_id()

@@ -25,7 +25,6 @@ import hashlib
 import inspect
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from typing import Any, Protocol
 
 from PIL import Image
 
+from prx_assets.core.models.identity import hub_kwargs, looks_local, model_identity
 from prx_assets.core.models.patch_embed import linearize_patch_convs
 from prx_assets.errors import PrxError
 
@@ -86,6 +86,8 @@ class CaptionerSpec:
     request_timeout_s: float = 600.0
     max_retries: int = 5
     server_api: str = "vllm"
+    #: A hub model's revision (commit, tag or branch) to load and to name in the id.
+    revision: str | None = None
 
     _IDENTITY = ("model", "prompt", "system_prompt", "max_new_tokens", "min_new_tokens", "do_sample",
                  "temperature", "top_p", "top_k", "repetition_penalty", "no_repeat_ngram_size",
@@ -94,7 +96,7 @@ class CaptionerSpec:
     def identity(self) -> dict[str, Any]:
         """The settings that define what this captioner writes."""
         d = {k: getattr(self, k) for k in self._IDENTITY}
-        d["model"] = model_identity(self.model)
+        d["model"] = model_identity(self.model, self.revision)
         if not self.do_sample:  # sampling knobs do not matter for greedy decoding
             for k in ("temperature", "top_p", "top_k", "seed"):
                 d.pop(k)
@@ -151,26 +153,6 @@ class Captioner(Protocol):
     def caption(self, images: Sequence[Image.Image]) -> list[CaptionResult]:
         """Caption images, in order."""
         ...
-
-
-def model_identity(model: str) -> str:
-    """A machine-independent name for a model: the hub id, or for a local checkpoint its
-    folder name plus a hash of its config and weight file sizes (moving a checkpoint to
-    another path keeps the id; replacing its weights changes it)."""
-    if not looks_local(model):
-        return model
-    path = Path(model).expanduser()
-    h = hashlib.sha256()
-    if (path / "config.json").is_file():
-        h.update((path / "config.json").read_bytes())
-    for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return f"local:{path.name}:{h.hexdigest()[:12]}"
-
-
-def looks_local(model: str) -> bool:
-    """True when ``model`` is meant as a filesystem path rather than a hub id."""
-    return model.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(model))
 
 
 def check_model_path(model: str, role: str, example: str) -> str:
@@ -237,13 +219,14 @@ class TransformersCaptioner:
         self.device = resolve_device(device)
         self.overlap = (not self.device.startswith("cpu")) if overlap is None else overlap
         self.model_path = check_model_path(spec.model, "captioner", "Qwen/Qwen3-VL-8B-Instruct")
+        self._hub = hub_kwargs(spec.model, spec.revision)
         self._load()
 
     def _load(self) -> None:
         from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
         try:
-            config = AutoConfig.from_pretrained(self.model_path)
+            config = AutoConfig.from_pretrained(self.model_path, **self._hub)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"cannot read the config of captioner model {self.model_path!r}: {e}") from e
         if getattr(config, "vision_config", None) is None:
@@ -252,7 +235,7 @@ class TransformersCaptioner:
                 "vision tower; captioners need an image-text-to-text model such as "
                 "Qwen/Qwen3-VL-8B-Instruct")
         try:
-            processor = AutoProcessor.from_pretrained(self.model_path)
+            processor = AutoProcessor.from_pretrained(self.model_path, **self._hub)
         except (OSError, ValueError) as e:
             raise ModelLoadError(
                 f"cannot load the processor of captioner model {self.model_path!r} ({e}); a checkpoint "
@@ -276,9 +259,10 @@ class TransformersCaptioner:
         dtype = resolve_dtype(self.spec.dtype, self.device)
         attn = attention_implementation() if self.device.startswith("cuda") else "sdpa"
         try:
-            model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype, attn_implementation=attn)
+            model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype, attn_implementation=attn,
+                                                                **self._hub)
         except (ValueError, ImportError):  # an architecture without that kernel: transformers' default
-            model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype)
+            model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype, **self._hub)
         self.model = model.to(self.device).eval()
         # Qwen-VL's patch embedding as one GEMM, not a cuDNN Conv3d (slow on several stacks, and the
         # likely cause of the H200 run's cost per new batch shape: core/models/patch_embed.py).
@@ -392,9 +376,11 @@ class VLLMCaptioner:
 
         self.spec = spec
         self.model_path = check_model_path(spec.model, "captioner", "Qwen/Qwen3-VL-8B-Instruct")
-        self.processor = AutoProcessor.from_pretrained(self.model_path)
+        self.processor = AutoProcessor.from_pretrained(self.model_path, **hub_kwargs(spec.model, spec.revision))
         mm_kwargs = {k: v for k, v in (("min_pixels", spec.min_pixels), ("max_pixels", spec.max_pixels))
                      if v}
+        if spec.revision and not looks_local(spec.model):
+            llm_kwargs = {"revision": spec.revision, **llm_kwargs}
         self.llm = LLM(model=self.model_path, dtype="auto" if spec.dtype == "auto" else spec.dtype,
                        limit_mm_per_prompt={"image": 1}, mm_processor_kwargs=mm_kwargs or None,
                        seed=spec.seed, **llm_kwargs)

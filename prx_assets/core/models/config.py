@@ -36,8 +36,9 @@ from typing import Any
 
 from prx_assets.core.config.project import config_dir, expand_env, read_yaml
 from prx_assets.core.lab.schema import VECTOR_DTYPES
-from prx_assets.core.models.captions import BACKENDS, CaptionerSpec, looks_local
+from prx_assets.core.models.captions import BACKENDS, CaptionerSpec
 from prx_assets.core.models.embeddings import EmbedderSpec
+from prx_assets.core.models.identity import looks_local, model_identity
 from prx_assets.core.models.served import SERVER_APIS
 from prx_assets.core.models.text_encoder import TextTowerSpec
 from prx_assets.errors import ConfigError
@@ -89,8 +90,20 @@ def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
-    """Parse and validate ``models.yaml`` (default ``$PRX_CONFIG_DIR/models.yaml``).
+def _check_local(spec: Any, spath: str, where: str) -> None:
+    """A local model folder must exist and hold a checkpoint: its id is a digest of those files."""
+    try:
+        model_identity(spec.model, getattr(spec, "revision", None))
+    except FileNotFoundError as e:
+        raise ConfigError(str(e), path=spath, entry=where,
+                          fix="build the demo's tiny models with `prx-assets models`, or point model: at a checkpoint "
+                              "folder (a relative path is read from the folder of models.yaml) or a hub id") from None
+
+
+def load_models(path: str | os.PathLike[str] | None = None, check_paths: bool = True) -> ModelsConfig:
+    """Parse and validate ``models.yaml`` (default ``$PRX_CONFIG_DIR/models.yaml``). With
+    ``check_paths`` (the default) every local model folder must exist (their ids are digests of
+    their files); ``prx-assets models``, which builds the demo's folders, reads it without.
 
     Raises
     ------
@@ -132,7 +145,9 @@ def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
             raise ConfigError("max_new_tokens, batch_size and concurrency must be >= 1, max_retries >= 0 and "
                               "request_timeout_s > 0", path=spath, entry=where,
                               fix="use e.g. max_new_tokens: 256, batch_size: 8, concurrency: 16")
-        if any(s.captioner_id() == spec.captioner_id() or s.name == spec.name for s in specs):
+        if check_paths and looks_local(spec.model):
+            _check_local(spec, spath, where)
+        if any(s.name == spec.name or (check_paths and s.captioner_id() == spec.captioner_id()) for s in specs):
             raise ConfigError("duplicate captioner (same name or same settings)", path=spath, entry=where,
                               fix="give each captioner a unique name and distinct settings")
         specs.append(spec)
@@ -165,4 +180,8 @@ def load_models(path: str | os.PathLike[str] | None = None) -> ModelsConfig:
         if text_encoder.max_length < 1:
             raise ConfigError("text_encoder.max_length must be >= 1", path=spath, entry="text_encoder",
                               fix="use e.g. max_length: 128")
+    if check_paths:
+        for where, spec in (("embedder", embedder), ("text_encoder", text_encoder)):
+            if spec is not None and looks_local(spec.model):
+                _check_local(spec, spath, where)
     return ModelsConfig(path=spath, captioners=tuple(specs), embedder=embedder, text_encoder=text_encoder)

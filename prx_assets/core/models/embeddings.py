@@ -27,11 +27,11 @@ from PIL import Image
 from prx_assets.core.models.captions import (
     ModelLoadError,
     check_model_path,
-    model_identity,
     resolve_device,
     resolve_dtype,
     slug,
 )
+from prx_assets.core.models.identity import hub_kwargs, model_identity
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,13 @@ class EmbedderSpec:
     #: How vectors are stored: ``float32`` or ``float16`` (half the bytes; at 10^8 images of
     #: 1,152 dimensions, 230 GB instead of 460 GB per copy).
     vector_dtype: str = "float32"
+    #: A hub model's revision (commit, tag or branch) to load and to name in the id.
+    revision: str | None = None
 
     def embedder_id(self) -> str:
         """``<name>-<8 hex>`` over the model and, when not float32, the stored precision (the
         stored vectors change only when one of them does; float32 ids are those of before)."""
-        ident: dict[str, str] = {"model": model_identity(self.model)}
+        ident: dict[str, str] = {"model": model_identity(self.model, self.revision)}
         if self.vector_dtype != "float32":
             ident["vector_dtype"] = self.vector_dtype
         digest = hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:8]
@@ -62,10 +64,11 @@ class EmbedderSpec:
 VISION_TOWERS = {"siglip": "SiglipVisionModel", "clip": "CLIPVisionModelWithProjection"}
 
 
-def load_image_model(path: str, config: Any, dtype: Any) -> Any:
+def load_image_model(path: str, config: Any, dtype: Any, **hub: str) -> Any:
     """The model whose forward pass gives image features: the vision tower of ``path`` when its
     model type (``config``, the whole model's) has one in :data:`VISION_TOWERS` (the text tower's
-    weights are never read), else the whole model, which must have ``get_image_features``."""
+    weights are never read), else the whole model, which must have ``get_image_features``. ``hub``:
+    a pinned revision (see :func:`~.identity.hub_kwargs`)."""
     import copy
 
     import transformers
@@ -77,8 +80,8 @@ def load_image_model(path: str, config: Any, dtype: Any) -> Any:
         vision = copy.deepcopy(vision)
         if getattr(config, "projection_dim", None):  # CLIP keeps the projection's width at the top
             vision.projection_dim = config.projection_dim
-        return getattr(transformers, tower).from_pretrained(path, config=vision, dtype=dtype)
-    model = AutoModel.from_pretrained(path, dtype=dtype)
+        return getattr(transformers, tower).from_pretrained(path, config=vision, dtype=dtype, **hub)
+    model = AutoModel.from_pretrained(path, dtype=dtype, **hub)
     if not hasattr(model, "get_image_features"):
         raise ModelLoadError(
             f"embedder model {path!r} ({config.model_type!r}) has no get_image_features; use a "
@@ -113,13 +116,14 @@ class ImageEmbedder:
         self.spec = spec
         self.device = resolve_device(device)
         path = check_model_path(spec.model, "embedder", "google/siglip2-so400m-patch14-384")
+        hub = hub_kwargs(spec.model, spec.revision)
         try:
-            config = AutoConfig.from_pretrained(path)
+            config = AutoConfig.from_pretrained(path, **hub)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"cannot read the config of embedder model {path!r}: {e}") from e
-        model = load_image_model(path, config, resolve_dtype(spec.dtype, self.device))
+        model = load_image_model(path, config, resolve_dtype(spec.dtype, self.device), **hub)
         self.model = model.to(self.device).eval()
-        self.processor = AutoImageProcessor.from_pretrained(path)
+        self.processor = AutoImageProcessor.from_pretrained(path, **hub)
         self.dim = int(self._probe_dim())
 
     def _probe_dim(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from prx_assets.core.models.captions import model_identity
+from prx_assets.core.models.identity import hub_kwargs, model_identity
 from prx_assets.errors import PrxError
 
 
@@ -37,6 +37,8 @@ class TextTowerSpec:
     max_length: int = 64
     layer: int = -1
     dtype: str = "float32"
+    #: A hub model's revision (commit, tag or branch) to load and to name in the identity.
+    revision: str | None = None
 
     def tower(self) -> str:
         """Short tower name used in MDS column names (``qwen3``, ``tiny_qwen3_text``)."""
@@ -45,7 +47,7 @@ class TextTowerSpec:
 
     def identity(self) -> str:
         """What determines the latents: model identity, layer and length (not dtype of compute)."""
-        return f"{model_identity(self.model)}|layer={self.layer}|len={self.max_length}"
+        return f"{model_identity(self.model, self.revision)}|layer={self.layer}|len={self.max_length}"
 
 
 def latent_column(caption_key: str, tower: str) -> str:
@@ -72,8 +74,9 @@ class TextEncoder:
             raise TextEncoderError(f"text encoder folder {spec.model!r} has no config.json; run `prx-assets models` "
                                    "for the tiny offline encoder or set text_encoder.model in models.yaml")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(spec.model)
-            model = AutoModel.from_pretrained(spec.model, dtype=getattr(torch, spec.dtype))
+            hub = hub_kwargs(spec.model, spec.revision)
+            self.tokenizer = AutoTokenizer.from_pretrained(spec.model, **hub)
+            model = AutoModel.from_pretrained(spec.model, dtype=getattr(torch, spec.dtype), **hub)
         except (OSError, ValueError) as e:
             raise TextEncoderError(f"cannot load text encoder {spec.model!r}: {e}; use a hub id or a folder with "
                                    "config.json and tokenizer files") from e
