@@ -11,7 +11,8 @@ Verbs:
 - ``status``     sources, batches and which partitions are materialized
 - ``rejects``    list rejected files with their reasons
 - ``doctor``     find (``--repair``: fix) duplicate keys, orphan partitions, leaked folders
-                 and runs left STARTED by a dead process
+                 and Dagster runs that will not end on their own
+- ``migrate``    bring a data root written by an earlier release up to this one
 
 Runs are recorded in the Dagster instance at ``$DAGSTER_HOME`` (default
 ``./.dagster_home``), so the UI (``make dev``) shows them.
@@ -797,6 +798,25 @@ def path_hint() -> str | None:
             "to use `prx-assets status`, `query`, `lineage`, ...")
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Bring a data root written by an earlier release up to this one (idempotent)."""
+    from prx_assets.core.ingest.batches import relativize_manifests
+
+    root = _root()
+    total = 0
+    for src in load_sources().sources:
+        n = relativize_manifests(root, src)
+        total += n
+        print(f"{src.name}: {n} batch manifests rewritten with keys relative to {src.location}" if n else
+              f"{src.name}: batch manifests already keyed relative to the source")
+    print("image ids now hash each file's path relative to its source, so a source can be re-pointed at a new "
+          "mount or prefix; the next `prx-assets run` re-ingests every batch written before once (decoding only: "
+          "captions and embeddings are reused by content) and gives its images their new ids, and the subsets, "
+          "shard sets and mixtures downstream get new versions once" if total or args.verbose else
+          "nothing to migrate")
+    return 0
+
+
 def cmd_lineage(args: argparse.Namespace) -> int:
     """Print the chain from a training run or shard set back to the source files."""
     from prx_assets.core.lineage import render
@@ -871,6 +891,11 @@ def build_parser() -> argparse.ArgumentParser:
     oo.add_argument("--uris", help="file with one source URI per line")
     oo.add_argument("--reason", help="why (kept with the request, shown in lineage)")
     oo.set_defaults(fn=cmd_optout)
+    mg = sub.add_parser("migrate", help="bring a data root written by an earlier release up to this one "
+                                        "(batch manifests keyed relative to their source); idempotent")
+    mg.add_argument("-v", "--verbose", action="store_true", help="say what the upgrade changes even if nothing "
+                                                                 "was rewritten")
+    mg.set_defaults(fn=cmd_migrate)
     li = sub.add_parser("lineage", help="training run or shard set -> mixture, shard sets, subsets, Lance "
                                         "version, captioners, code versions, sources")
     li.add_argument("target", help="a training run's Dagster run id, training_run[<mixture>], a mixture name, "

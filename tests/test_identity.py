@@ -150,3 +150,41 @@ def test_unchanged_inputs_create_nothing_new_and_ids_are_reproducible(
         assert all(s["caption_detailed"] and s["caption_short"] for s in sds)
     assert main(["lineage", wide_id]) == 0
     assert "+ columns caption_detailed (sidecar" in capsys.readouterr().out
+
+
+def test_a_moved_source_and_a_copied_config_and_model_folder_change_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_models: dict[str, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ids follow content, not places: models.yaml names its models relative to itself, so the
+    config folder and the model folder copied elsewhere plan nothing; the three sources (folder,
+    Parquet, WebDataset) moved to another path and re-pointed in sources.yaml ingest nothing again
+    and keep every image id."""
+    for var in ("PRX_CAPTIONER_MODEL", "PRX_EMBEDDER_MODEL", "PRX_TEXT_ENCODER_MODEL"):
+        monkeypatch.delenv(var, raising=False)  # models.yaml's own relative paths: ../.models/...
+    generate_demo_corpus(DataRoot(str(tmp_path / "first")), n_photos=20, n_catalog=10, n_web=8)
+    root = _project(tmp_path / "a", monkeypatch, corpus=tmp_path / "first" / "demo")
+    for key, folder in (("vl", "tiny-qwen3-vl"), ("siglip", "tiny-siglip"), ("text", "tiny-qwen3-text")):
+        shutil.copytree(tiny_models[key], tmp_path / "a" / ".models" / folder)
+    upstream = "raw_images recaptions image_embeddings lance_table"
+    assert main(["run", "--select", upstream]) == 0
+    assert "FAILED" not in capsys.readouterr().out
+    ids = sorted(lance.dataset(str(root / "lance" / "images.lance")).to_table(columns=["image_id"]).column(0)
+                 .to_pylist())
+
+    elsewhere = tmp_path / "copied" / "deeper"
+    shutil.copytree(tmp_path / "a" / "config", elsewhere / "config")
+    shutil.copytree(tmp_path / "a" / ".models", elsewhere / ".models")
+    monkeypatch.setenv("PRX_CONFIG_DIR", str(elsewhere / "config"))
+    assert main(["run", "--dry-run", "--select", upstream]) == 0
+    assert "everything is up to date" in capsys.readouterr().out
+
+    shutil.move(tmp_path / "first" / "demo", tmp_path / "moved")
+    sources = elsewhere / "config" / "sources.yaml"
+    sources.write_text(sources.read_text().replace(str(tmp_path / "first" / "demo"), str(tmp_path / "moved")))
+    assert main(["run", "--dry-run", "--select", upstream]) == 0
+    assert "everything is up to date" in capsys.readouterr().out
+    assert main(["run", "--select", upstream]) == 0
+    out = capsys.readouterr().out
+    assert "everything is up to date" in out, out
+    after = lance.dataset(str(root / "lance" / "images.lance")).to_table(columns=["image_id"]).column(0).to_pylist()
+    assert sorted(after) == ids

@@ -425,7 +425,7 @@ def test_lineage_from_training_run_and_from_shard_set(trained_demo: dict[str, An
     assert set(photos["sources"]) == {"photos"} and photos["sources"]["photos"]["images"] == photos["samples"]
     assert all(b.startswith("photos-") for b in photos["sources"]["photos"]["batches"])
     assert photos["asset_code_versions"]["mds_shards"] == "shards-1"
-    assert photos["asset_code_versions"]["raw_images"] == ["ingest-1"]
+    assert photos["asset_code_versions"]["raw_images"] == ["ingest-2"]
     catalog = streams["catalog"]["shard_set"]
     assert len(catalog["captioner_ids"]) == 2 and all("model" in d for d in catalog["captioners"].values())
 

@@ -44,8 +44,10 @@ from prx_assets.resources.s3 import PrxS3Resource as S3Resource
 from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
-#: Bump when the normalization code changes what is stored.
-INGEST_CODE_VERSION = "ingest-1"
+#: Bump when the normalization code changes what is stored. ingest-2: image ids hash the key relative
+#: to the source's location, not the absolute URI (the next run after upgrading re-ingests every batch
+#: once; captions and embeddings are reused by content).
+INGEST_CODE_VERSION = "ingest-2"
 
 
 def raw_images_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:

@@ -266,10 +266,48 @@ def test_an_s3_prefix_is_listed_after_its_cursor_and_fully_once_a_period(tmp_pat
     s3.put_object(Bucket=bucket, Key="in/2026-10-31/early.jpg", Body=b"x")  # sorts before the cursor
     rep = discover(cfg, reader, root)
     assert rep.new_units == 1 and listed[-1]["StartAfter"] == "in/2026-11-01/notes.txt"
-    assert [u.key for u in load_manifest(root, rep.new_batches[0]).units] == [f"s3://{bucket}/in/2026-11-02/c.jpg"]
+    assert [u.key for u in load_manifest(root, rep.new_batches[0]).units] == ["2026-11-02/c.jpg"]
 
     monkeypatch.setenv("PRX_S3_FULL_LISTING_HOURS", "0")  # a full listing is due
     rep = discover(cfg, reader, root)
     assert rep.new_units == 1 and "StartAfter" not in listed[-1]
     assert [u.key for u in load_manifest(root, rep.new_batches[0]).units] == [
-        f"s3://{bucket}/in/2026-10-31/early.jpg"]
+        "2026-10-31/early.jpg"]
+
+
+def test_manifests_from_before_relative_keys_are_known_migrated_and_guard_a_re_pointed_source(
+        tmp_path: Path) -> None:
+    """Manifests of an earlier release name Parquet files by absolute path. Discovery reads them as
+    the relative keys they are under the source's location (nothing new); re-pointed before
+    ``prx-assets migrate`` it refuses instead of batching every file again; migrated, re-pointing
+    a copy of the files finds nothing new."""
+    import shutil
+
+    from prx_assets.core.ingest.batches import relativize_manifests
+    from prx_assets.errors import ConfigError
+    from tests.unit.test_sources import parquet_file
+
+    data = tmp_path / "cat"
+    parquet_file(data / "a.parquet", 4)
+    parquet_file(data / "sub" / "b.parquet", 4)
+    cfg = SourceConfig(name="cat", kind="parquet", location=str(data), image_column="img", batch_size=100)
+    root = DataRoot(str(tmp_path / "root"))
+    units = reader_for(cfg).list_units()
+    legacy = tuple(Unit(key=f"{data}/{u.key}", size=u.size, stamp=u.stamp, weight=u.weight) for u in units)
+    root.write_bytes(manifest_path("cat", 1), BatchManifest("cat", 1, legacy).to_bytes())
+    assert discover(cfg, reader_for(cfg), root).new_units == 0
+
+    moved = tmp_path / "moved"
+    shutil.copytree(data, moved, copy_function=shutil.copy2)
+    re_pointed = SourceConfig(name="cat", kind="parquet", location=str(moved), image_column="img", batch_size=100)
+    with pytest.raises(ConfigError, match="prx-assets migrate"):
+        discover(re_pointed, reader_for(re_pointed), root)
+    with pytest.raises(ConfigError, match="prx-assets migrate"):
+        relativize_manifests(root, re_pointed)
+
+    assert relativize_manifests(root, cfg) == 1
+    assert relativize_manifests(root, cfg) == 0
+    assert {u.key for u in load_manifest(root, "cat-00001").units} == {u.key for u in units}
+    assert discover(re_pointed, reader_for(re_pointed), root).new_units == 0
+    items = [it for u in load_manifest(root, "cat-00001").units for it in reader_for(re_pointed).read_unit(u)]
+    assert len(items) == 8 and all(it.uri.startswith(str(moved)) and not it.key.startswith("/") for it in items)

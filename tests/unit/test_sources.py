@@ -106,21 +106,30 @@ def test_s3_prefix_parquet_and_webdataset_on_moto(tmp_path: Path, s3_env: dict[s
     s3.put_object(Bucket=bucket, Key="drop/readme.md", Body=b"skip me")
     r = reader_for(src("s3", f"s3://{bucket}/drop/"))
     units = r.list_units()
-    assert len(units) == 3 and all(u.key.startswith(f"s3://{bucket}/drop/") for u in units)
+    assert sorted(u.key for u in units) == sorted(p.relative_to(tmp_path / "f").as_posix() for p in files)
     item = next(r.read_unit(units[0]))
-    assert item.read() == s3.get_object(Bucket=bucket, Key=units[0].key.split("/", 3)[3])["Body"].read()
+    assert item.key == units[0].key and item.uri == f"s3://{bucket}/drop/{units[0].key}"
+    assert item.read() == s3.get_object(Bucket=bucket, Key=f"drop/{units[0].key}")["Body"].read()
 
     parquet_file(tmp_path / "a.parquet", 4)
     s3.put_object(Bucket=bucket, Key="pq/a.parquet", Body=(tmp_path / "a.parquet").read_bytes())
     pr = reader_for(src("parquet", f"s3://{bucket}/pq", image_column="img"))
     items = [it for u in pr.list_units() for it in pr.read_unit(u)]
-    assert len(items) == 4 and items[0].data
+    assert len(items) == 4 and items[0].data and items[0].key == "a.parquet#row=0"
 
     wds_tar(tmp_path / "s.tar", 3)
     s3.put_object(Bucket=bucket, Key="wds/000.tar", Body=(tmp_path / "s.tar").read_bytes())
     wr = reader_for(src("webdataset", f"s3://{bucket}/wds"))
     items = [it for u in wr.list_units() for it in wr.read_unit(u)]
-    assert len(items) == 3 and all(it.data for it in items)
+    assert len(items) == 3 and all(it.data for it in items) and items[0].key.startswith("000.tar#")
+
+    # The same objects under another prefix (a bucket copied elsewhere): the same keys, so the same ids.
+    for obj in s3.list_objects_v2(Bucket=bucket)["Contents"]:
+        s3.copy_object(Bucket=bucket, Key=f"copy/{obj['Key']}", CopySource={"Bucket": bucket, "Key": obj["Key"]})
+    for kind, sub, extra in (("s3", "drop/", {}), ("parquet", "pq", {"image_column": "img"}), ("webdataset", "wds", {})):
+        a, b = (reader_for(src(kind, f"s3://{bucket}/{pre}{sub}", **extra)) for pre in ("", "copy/"))
+        keys_a = [(it.key, it.read()) for u in a.list_units() for it in a.read_unit(u)]
+        assert keys_a == [(it.key, it.read()) for u in b.list_units() for it in b.read_unit(u)]
 
 
 def test_s3_listing_error_names_the_uri(s3_env: dict[str, str]) -> None:

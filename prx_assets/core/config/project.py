@@ -217,9 +217,12 @@ class SourceConfig:
     follow_links: bool = False  # folder sources: ingest what links leading out of the folder point to
 
     def fingerprint(self) -> str:
-        """Hash of everything in this source's config that changes ingested rows."""
+        """Hash of everything in this source's config that changes ingested rows. Not its location:
+        rows are keyed by the path relative to it, so a source re-pointed at a new mount or prefix
+        holding the same files ingests nothing again."""
         payload = dataclasses.asdict(self)
         payload.pop("batch_size")
+        payload.pop("location")
         if not payload["follow_links"]:
             payload.pop("follow_links")  # the default leaves earlier fingerprints as they were
         payload["ingest"] = self.ingest.normalization_fingerprint()

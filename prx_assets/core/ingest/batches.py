@@ -27,8 +27,15 @@ from prx_assets.core import layout
 from prx_assets.core.config.project import SourceConfig, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.faults import crash_point
-from prx_assets.core.ingest.sources import S3ClientFactory, SourceReader, Unit, reader_for
-from prx_assets.errors import PartitionKeyError, StorageError
+from prx_assets.core.ingest.sources import (
+    S3ClientFactory,
+    SourceReader,
+    Unit,
+    is_absolute,
+    normalized,
+    reader_for,
+)
+from prx_assets.errors import ConfigError, PartitionKeyError, StorageError
 
 _KEY_RE = re.compile(r"^([a-z][a-z0-9_]*)-(\d{5,})$")
 
@@ -252,8 +259,37 @@ class KnownFiles(Mapping[str, str]):
         return found
 
 
-def load_known(root: DataRoot, source: str) -> KnownUnits:
-    """The units of every batch of ``source``: index segments, then manifests past them."""
+def _relative_keys(table: pa.Table, location: str) -> pa.Table:
+    """Index rows with their keys relative to ``location`` (absolute keys under it were written
+    before keys were relative; see :func:`~prx_assets.core.ingest.sources.normalized`)."""
+    keys = table.column("key")
+    if not _any_absolute(keys):
+        return table
+    return table.set_column(table.schema.get_field_index("key"), "key",
+                            pa.array([normalized(location, k) for k in keys.to_pylist()], pa.string()))
+
+
+def _any_absolute(keys: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether any key is an absolute path or URI (one vectorized pass)."""
+    return bool(pc.any(pc.or_(pc.starts_with(keys, "/"), pc.match_substring_regex(keys, r"^[a-z0-9]+://"))).as_py())
+
+
+def _check_located(source: str, location: str, keys: Iterable[str]) -> None:
+    """Refuse absolute keys that are not under the source's location: the source was re-pointed
+    while its batches still name files by their old place, so every file would look new."""
+    stray = next((k for k in keys if is_absolute(k)), None)
+    if stray is not None:
+        raise ConfigError(
+            f"source {source!r}: its batches name files by their absolute place (e.g. {stray}), written "
+            f"before keys were relative, and the source now points at {location}",
+            entry=f"source {source!r}",
+            fix="point the source back at where those files were and run `prx-assets migrate` (it rewrites the "
+                "batch manifests with keys relative to the source), then re-point it")
+
+
+def load_known(root: DataRoot, source: str, location: str | None = None) -> KnownUnits:
+    """The units of every batch of ``source``: index segments, then manifests past them. With
+    ``location`` (the source's), keys are made relative to it (see :func:`_relative_keys`)."""
     listing = root.list(layout.batches_dir(source))
     seqs = sorted(q for q in (_manifest_seq(p) for p in listing) if q is not None)
     paths, covered = _contiguous(_spans(listing, ".parquet"))
@@ -263,7 +299,15 @@ def load_known(root: DataRoot, source: str) -> KnownUnits:
     for seq in seqs:
         if seq > covered:
             for u in BatchManifest.from_bytes(root.read_bytes(manifest_path(source, seq))).units:
+                if location is not None:
+                    u = Unit(key=normalized(location, u.key), size=u.size, stamp=u.stamp, weight=u.weight)
                 extra[u.key] = u
+    if location is not None:
+        tables = [_relative_keys(t, location) for t in tables]
+        for t in tables:
+            if _any_absolute(t.column("key")):
+                _check_located(source, location, t.column("key").to_pylist())
+        _check_located(source, location, extra)
     return KnownUnits(seqs=seqs, keys=[batch_key(source, q) for q in seqs], covered=covered, segments=tables,
                       extra=extra)
 
@@ -373,7 +417,7 @@ def discover(config: SourceConfig, reader: SourceReader, root: DataRoot,
     """
     claimed: list[str] = []
     for _ in range(max_attempts):
-        index = load_known(root, config.name)
+        index = load_known(root, config.name, config.location)
         known_files = index.files()
         state = None
         if full:
@@ -441,3 +485,32 @@ def discover_sources(root: DataRoot, sources: SourcesConfig, s3_client: S3Client
         summary["all_batches"] = rep.all_batches
         out.append(summary)
     return out
+
+
+def relativize_manifests(root: DataRoot, config: SourceConfig) -> int:
+    """Rewrite the source's batch manifests written before keys were relative (absolute paths or
+    URIs) with keys relative to its location, and drop its manifest index (the next discovery
+    writes it again from the manifests). Run it while the source still points at where those
+    files were. Returns the manifests rewritten; idempotent.
+
+    Raises
+    ------
+    ConfigError
+        When a manifest names a file outside the source's location (it was re-pointed already).
+    """
+    listing = root.list(layout.batches_dir(config.name))
+    rewritten = 0
+    for seq in sorted(q for q in (_manifest_seq(p) for p in listing) if q is not None):
+        manifest = BatchManifest.from_bytes(root.read_bytes(manifest_path(config.name, seq)))
+        if not any(is_absolute(u.key) for u in manifest.units):
+            continue
+        units = tuple(Unit(key=normalized(config.location, u.key), size=u.size, stamp=u.stamp, weight=u.weight)
+                      for u in manifest.units)
+        _check_located(config.name, config.location, (u.key for u in units))
+        root.write_bytes(manifest_path(config.name, seq), BatchManifest(config.name, seq, units).to_bytes())
+        rewritten += 1
+    if rewritten:
+        for p in listing:
+            if "/_index/" in p:
+                root.delete(p)
+    return rewritten

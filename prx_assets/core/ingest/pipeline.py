@@ -215,7 +215,7 @@ def _reject(item: SourceItem, iid: str, source: str, batch: str, reason: str, me
 
 def _admit(item: SourceItem, source: str, batch: str, q92_rate: float) -> _Admitted | Outcome:
     """The item's bytes and sampling, or its reject when it cannot be read."""
-    iid = image_id(source, item.uri)
+    iid = image_id(source, item.key)
     if item.error is not None:
         return _reject(item, iid, source, batch, *item.error)
     try:
@@ -269,8 +269,10 @@ def iter_items(manifest: BatchManifest, reader: SourceReader) -> Iterator[Source
         except ConfigError:
             raise
         except Exception as e:
-            yield SourceItem(uri=unit.key, error=(RejectReason.UNREADABLE_UNIT.value,
-                                                  f"cannot read {unit.key}: {type(e).__name__}: {e}"))
+            key = reader.key_of(unit)
+            where = reader.locate(key)
+            yield SourceItem(key=key, uri=where, error=(RejectReason.UNREADABLE_UNIT.value,
+                                                             f"cannot read {where}: {type(e).__name__}: {e}"))
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterator[T], workers: int, window: int | None = None) -> Iterator[R]:

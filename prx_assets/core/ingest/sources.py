@@ -4,6 +4,14 @@ A source is listed as *units* (a file, a Parquet row group, a tar shard); ingest
 group units. Reading a unit yields :class:`SourceItem` objects, one per candidate image,
 whose bytes may be fetched lazily (so worker threads do the I/O in parallel).
 
+Unit and item keys are relative to the source's location (its folder, bucket prefix, Parquet or
+tar folder): ``people/a.jpg``, ``2024/x.parquet#rg=3``, ``shard-0001.tar#sample_07``. An image's id
+is a hash of its source's name and its item key, so a source mounted elsewhere or copied to
+another prefix, and re-pointed in sources.yaml, keeps every id and is not ingested again. Keys
+written before keys were relative (absolute paths and URIs in older manifests) are read as they
+are (:func:`locate`). Items also carry ``uri``, where they were read from this time (kept in the
+lab as lineage).
+
 Add a kind by writing a :class:`SourceReader` subclass and registering it in
 ``READERS``.
 """
@@ -58,15 +66,70 @@ class Unit:
                    weight=int(d.get("weight", 1)))
 
 
+def is_absolute(key: str) -> bool:
+    """Whether a unit or item key is an absolute path or URI (written before keys were relative)."""
+    return key.startswith("/") or is_remote(key)
+
+
+def locate(location: str, key: str) -> str:
+    """Where the unit or item ``key`` of a source at ``location`` is: the location joined with the
+    key; for a source that is one file (a Parquet file, a tar), whose key is its name, the location
+    itself; an absolute key as it is.
+
+    >>> locate("s3://b/pub", "2024/a.jpg"), locate("/d/cat.parquet", "cat.parquet#row=3"), locate("/d", "/x/a.jpg")
+    ('s3://b/pub/2024/a.jpg', '/d/cat.parquet#row=3', '/x/a.jpg')
+    """
+    if is_absolute(key):
+        return key
+    base = location.rstrip("/")
+    head, sep, tail = key.partition("#")
+    if base.rsplit("/", 1)[-1] == head:  # the source is this one file
+        return base + sep + tail
+    return f"{base}/{key}"
+
+
+def normalized(location: str, key: str) -> str:
+    """``key`` relative to ``location`` when it is an absolute key under it (written before keys were
+    relative), else as it is.
+
+    >>> normalized("s3://b/p", "s3://b/p/x.parquet#rg=0"), normalized("s3://b/p", "a.jpg"), normalized("/q", "/x/a.jpg")
+    ('x.parquet#rg=0', 'a.jpg', '/x/a.jpg')
+    """
+    if not is_absolute(key):
+        return key
+    head, sep, tail = key.partition("#")
+    base = location.rstrip("/")
+    if head != base and not head.startswith(base + "/"):
+        return key
+    return relative(location, head) + sep + tail
+
+
+def relative(location: str, where: str) -> str:
+    """The key of ``where`` (a path or URI at or below ``location``) relative to ``location``;
+    for a source that is one file, the file's name.
+
+    >>> relative("s3://b/pub", "s3://b/pub/2024/a.jpg"), relative("/d/cat.parquet", "/d/cat.parquet")
+    ('2024/a.jpg', 'cat.parquet')
+    """
+    base = location.rstrip("/")
+    if where == base:
+        return base.rsplit("/", 1)[-1]
+    if not where.startswith(base + "/"):
+        raise SourceError(f"{where} is not under the source's location {location}")
+    return where[len(base) + 1:]
+
+
 @dataclass
 class SourceItem:
     """One candidate image from a unit.
 
-    ``data`` holds the bytes when the reader already has them (Parquet, tar);
-    otherwise ``fetch`` reads them on demand. ``error`` is set when the item could not
-    be read at all (it becomes a ``read_error`` or ``no_image_member`` reject).
+    ``key`` names it within its source (relative to the source's location: what its image id is
+    made of); ``uri`` is where it was read from. ``data`` holds the bytes when the reader already
+    has them (Parquet, tar); otherwise ``fetch`` reads them on demand. ``error`` is set when the
+    item could not be read at all (it becomes a ``read_error`` or ``no_image_member`` reject).
     """
 
+    key: str
     uri: str
     data: bytes | None = None
     fetch: Callable[[], bytes] | None = None
@@ -100,6 +163,14 @@ class SourceReader:
         if self._client is None:
             self._client = self._s3_factory()
         return self._client
+
+    def locate(self, key: str) -> str:
+        """Where one of this source's unit or item keys is now (see :func:`locate`)."""
+        return locate(self.config.location, key)
+
+    def key_of(self, unit: Unit) -> str:
+        """The unit's key relative to the source's location (see :func:`normalized`)."""
+        return normalized(self.config.location, unit.key)
 
     def store(self, uri: str) -> Any:
         """The object store holding ``uri`` (S3 through this reader's boto3 client, or GCS)."""
@@ -153,8 +224,9 @@ class SourceReader:
         return Path(location).read_bytes()
 
     def _list_objects(self, uri: str, want: Callable[[str], bool], start_after: str | None = None) -> list[Unit]:
-        """The wanted objects below ``uri`` (after the key ``start_after`` if given), sorted; the last
-        key listed, wanted or not, is left in ``self.last_listed_key``."""
+        """The wanted objects below ``uri`` (after the key ``start_after`` if given), sorted, keyed
+        relative to the source's location; the last key listed, wanted or not, is left in
+        ``self.last_listed_key``."""
         scheme, bucket, prefix = split_object_uri(uri)
         units = []
         self.last_listed_key = None
@@ -162,7 +234,8 @@ class SourceReader:
             for obj in self.store(uri).list(bucket, prefix, start_after):
                 self.last_listed_key = obj.key
                 if want(obj.key):
-                    units.append(Unit(key=f"{scheme}://{bucket}/{obj.key}", size=obj.size, stamp=obj.stamp))
+                    units.append(Unit(key=relative(self.config.location, f"{scheme}://{bucket}/{obj.key}"),
+                                      size=obj.size, stamp=obj.stamp))
         except Exception as e:
             hint = ("AWS_ENDPOINT_URL and credentials" if scheme == "s3" else
                     "Google credentials (GOOGLE_APPLICATION_CREDENTIALS or workload identity)")
@@ -265,9 +338,9 @@ class FolderReader(SourceReader):
         path = Path(self.config.location) / unit.key
         problem = self._not_a_source_file(path)
         if problem is not None:
-            yield SourceItem(uri=str(path), error=problem, license=self.config.license)
+            yield SourceItem(key=unit.key, uri=str(path), error=problem, license=self.config.license)
             return
-        yield SourceItem(uri=str(path), fetch=path.read_bytes, caption=self._sidecar_caption(path),
+        yield SourceItem(key=unit.key, uri=str(path), fetch=path.read_bytes, caption=self._sidecar_caption(path),
                          license=self.config.license)
 
     def _not_a_source_file(self, path: Path) -> tuple[str, str] | None:
@@ -318,18 +391,22 @@ class S3PrefixReader(SourceReader):
         under keys that sort earlier are found by the full listing every ``S3_FULL_LISTING_HOURS``
         (``PRX_S3_FULL_LISTING_HOURS``; 0: every time) or by ``discover --full``."""
         prev = dict(state or {})
+        if prev.get("location", self.config.location) != self.config.location:
+            prev = {}  # the source was re-pointed: its cursor is a key of the old prefix
         cursor, full_at = prev.get("start_after"), float(prev.get("full_at", 0.0))
         every = float(os.environ.get("PRX_S3_FULL_LISTING_HOURS", S3_FULL_LISTING_HOURS)) * 3600
         now = time.time()
+        where = {"location": self.config.location}
         if cursor is None or now - full_at >= every:
             units = self._list_objects(self.config.location, self._wants)
-            return units, {"start_after": self.last_listed_key or cursor, "full_at": now}
+            return units, {"start_after": self.last_listed_key or cursor, "full_at": now, **where}
         units = self._list_objects(self.config.location, self._wants, start_after=str(cursor))
-        return units, {"start_after": self.last_listed_key or cursor, "full_at": full_at}
+        return units, {"start_after": self.last_listed_key or cursor, "full_at": full_at, **where}
 
     def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
-        uri = unit.key
-        yield SourceItem(uri=uri, fetch=lambda: self.read_uri(uri), license=self.config.license,
+        key = self.key_of(unit)
+        uri = self.locate(key)
+        yield SourceItem(key=key, uri=uri, fetch=lambda: self.read_uri(uri), license=self.config.license,
                          caption=self._sidecar_caption(uri))
 
     def _sidecar_caption(self, uri: str) -> str | None:
@@ -359,7 +436,7 @@ def _list_files(reader: SourceReader, location: str, suffixes: tuple[str, ...]) 
     root = Path(location)
     if root.is_file():
         st = root.stat()
-        return [Unit(key=str(root), size=st.st_size, stamp=str(st.st_mtime_ns))]
+        return [Unit(key=root.name, size=st.st_size, stamp=str(st.st_mtime_ns))]
     if not root.is_dir():
         raise ConfigError(f"path {location!r} does not exist",
                           entry=f"source {reader.config.name!r}",
@@ -368,7 +445,7 @@ def _list_files(reader: SourceReader, location: str, suffixes: tuple[str, ...]) 
     for p in sorted(root.rglob("*")):
         if p.is_file() and want(p.name):
             st = p.stat()
-            out.append(Unit(key=str(p), size=st.st_size, stamp=str(st.st_mtime_ns)))
+            out.append(Unit(key=p.relative_to(root).as_posix(), size=st.st_size, stamp=str(st.st_mtime_ns)))
     return out
 
 
@@ -396,7 +473,7 @@ class ParquetReader(SourceReader):
             if known_files and known_files.get(f.key) == f.stamp:
                 continue  # already batched and unchanged: no need to open it
             try:
-                pf = self._open(f.key)
+                pf = self._open(self.locate(f.key))
             except Exception as e:
                 log.warning("source %r: cannot open %s (%s: %s); its ingest records it as a reject",
                             self.config.name, f.key, type(e).__name__, e)
@@ -424,7 +501,8 @@ class ParquetReader(SourceReader):
         return list(dict.fromkeys(c for c in wanted if c))
 
     def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
-        path, _, rg = unit.key.rpartition("#rg=")
+        file_key, _, rg = self.key_of(unit).rpartition("#rg=")
+        path = self.locate(file_key)
         pf = self._open(path)
         table = pf.read_row_group(int(rg), columns=self._columns(pf.schema_arrow.names))
         offset = sum(pf.metadata.row_group(i).num_rows for i in range(int(rg)))
@@ -433,12 +511,13 @@ class ParquetReader(SourceReader):
             img = row[self.config.image_column]
             if isinstance(img, dict):
                 img = img.get("bytes")
+            key, uri = f"{file_key}#row={offset + i}", f"{path}#row={offset + i}"
             if img is not None and not isinstance(img, bytes | bytearray | memoryview):
-                yield SourceItem(uri=f"{path}#row={offset + i}", error=(
+                yield SourceItem(key=key, uri=uri, error=(
                     "bad_row", f"column {self.config.image_column!r} holds {type(img).__name__}, not image bytes"))
                 continue
             item = SourceItem(
-                uri=f"{path}#row={offset + i}",
+                key=key, uri=uri,
                 data=bytes(img) if img is not None else b"",
                 caption=_str_or_none(row.get(self.config.caption_field)) if self.config.caption_field else None,
                 license=_str_or_none(row.get(self.config.license_field)) if self.config.license_field
@@ -504,23 +583,26 @@ class WebDatasetReader(SourceReader):
     def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
         """The shard's samples, streamed; a shard that cannot be read, or breaks part way (truncated,
         corrupt), ends with one ``unreadable_unit`` reject and keeps the samples read before."""
+        shard = self.key_of(unit)
+        where = self.locate(shard)
         try:
-            data = self._open_bytes(unit.key)
+            data = self._open_bytes(where)
         except (OSError, SourceError) as e:
-            yield SourceItem(uri=unit.key, error=("read_error", f"cannot read tar shard: {e}"))
+            yield SourceItem(key=shard, uri=where, error=("read_error", f"cannot read tar shard: {e}"))
             return
         done = 0
         try:
             for key, members in self._samples(data):
                 done += 1
-                yield self._item(unit, key, members)
+                yield self._item(shard, key, members)
         except (tarfile.TarError, OSError, EOFError) as e:
-            where = f"after {done} samples" if done else "before its first sample"
-            yield SourceItem(uri=unit.key, error=("unreadable_unit", f"tar shard breaks {where}: {e}"))
+            when = f"after {done} samples" if done else "before its first sample"
+            yield SourceItem(key=shard, uri=where, error=("unreadable_unit", f"tar shard breaks {when}: {e}"))
 
-    def _item(self, unit: Unit, key: str, members: dict[str, bytes]) -> SourceItem:
-        """The item of one sample (its image member, caption, license, carried fields)."""
-        uri = f"{unit.key}#{key}"
+    def _item(self, shard: str, key: str, members: dict[str, bytes]) -> SourceItem:
+        """The item of one sample of tar ``shard`` (its key: the image member, caption, license, carried
+        fields)."""
+        item_key, uri = f"{shard}#{key}", f"{self.locate(shard)}#{key}"
         image_ext = next((e for e in _IMAGE_EXTS if e in members), None)
         meta: dict[str, Any] = {}
         if "json" in members:
@@ -535,9 +617,9 @@ class WebDatasetReader(SourceReader):
             else self.config.license
         extra = {c: meta.get(c) for c in self.config.carry}
         if image_ext is None:
-            return SourceItem(uri=uri, error=(
+            return SourceItem(key=item_key, uri=uri, error=(
                 "no_image_member", f"sample has no image member (members: {sorted(members)})"))
-        return SourceItem(uri=uri, data=members[image_ext], caption=caption, license=license_,
+        return SourceItem(key=item_key, uri=uri, data=members[image_ext], caption=caption, license=license_,
                           extra=extra)
 
     def read_uri(self, uri: str) -> bytes:

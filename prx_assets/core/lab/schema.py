@@ -69,13 +69,15 @@ REJECTS_SCHEMA = pa.schema([
 ])
 
 
-def image_id(source: str, uri: str) -> str:
-    """Stable id of an item: 16 hex chars of blake2b over source name and URI.
+def image_id(source: str, key: str) -> str:
+    """Stable id of an item: 16 hex chars of blake2b over its source's name and its key within the
+    source (relative to the source's location: see :mod:`prx_assets.core.ingest.sources`), so
+    re-pointing a source at a new mount or prefix holding the same files changes no id.
 
-    >>> image_id("photos", "/data/photos/a.jpg")
-    '5b5d8d8b4c9b1a8f'  # doctest: +SKIP
+    >>> image_id("photos", "people/a.jpg") == image_id("photos", "people/a.jpg") != image_id("web", "people/a.jpg")
+    True
     """
-    return hashlib.blake2b(f"{source}\0{uri}".encode(), digest_size=8).hexdigest()
+    return hashlib.blake2b(f"{source}\0{key}".encode(), digest_size=8).hexdigest()
 
 CAPTIONS_TABLE = "captions"
 
