@@ -735,6 +735,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\nsummary:")
     for line in summary_lines(table_summary(root)):
         print(f"  {line}")
+    for line in _tiny_model_notes():
+        print(f"  {line}")
     _print_training(_instance())
     ui = "`make dev`" if Path("Makefile").is_file() else "`dagster dev -m prx_assets.definitions` (from this folder)"
     print(f"\nDagster instance: {os.environ['DAGSTER_HOME']} -- open the UI with {ui}")
@@ -742,6 +744,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if hint:
         print(hint)
     return rc
+
+
+def _tiny_model_notes() -> list[str]:
+    """What the demo's tiny random models mean for its outputs (nothing when models.yaml names real ones)."""
+    from prx_assets.core.demo.tiny_models import is_tiny
+
+    models = _models_config()
+    if models is None:
+        return []
+    notes = []
+    tiny = [c.name for c in models.captioners if is_tiny(c.model)]
+    if tiny:
+        notes.append(f"captions of {', '.join(tiny)} come from the tiny random captioner the demo builds: noise, "
+                     "not words, so the caption_quality check warns on every partition by design; set "
+                     "PRX_CAPTIONER_MODEL=Qwen/Qwen3-VL-8B-Instruct (on a GPU) for real captions")
+    if models.embedder is not None and is_tiny(models.embedder.model):
+        notes.append("embeddings come from a tiny random SigLIP: dedup and --near search run for real on "
+                     "vectors that carry no meaning")
+    return notes
 
 
 def cmd_optout(args: argparse.Namespace) -> int:

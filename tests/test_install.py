@@ -50,4 +50,5 @@ def test_built_wheel_runs_the_demo_from_another_folder(tmp_path: Path, tiny_mode
     assert demo.returncode == 0, out[-4000:]
     assert "wrote the demo config to" in out and (elsewhere / "config" / "sources.yaml").is_file()
     assert "FAILED" not in demo.stdout and "training_run[demo_mix] ran" in demo.stdout, out[-4000:]
+    assert "tiny random captioner" in demo.stdout and "warns on every partition by design" in demo.stdout
     assert (elsewhere / "data" / "lance" / "images.lance").is_dir() and (elsewhere / ".dagster_home").is_dir()

@@ -189,3 +189,8 @@ def ensure_tiny_models(paths: list[str]) -> list[str]:
             builder(path)
             built.append(str(path))
     return built
+
+
+def is_tiny(model: str) -> bool:
+    """Whether ``model`` is a folder :data:`BUILDERS` wrote (random weights: its outputs are noise)."""
+    return (Path(model).expanduser() / "PRX_TINY_MODEL.json").is_file()
