@@ -178,13 +178,14 @@ def models_env(tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
 _TIERS = {"test_training.py": "slurm", "test_ui.py": "browser", "test_postgres.py": "postgres",
           "test_s3_pipeline.py": "s3", "test_concurrency.py": "s3", "test_cli.py": "pipeline",
           "test_mixture.py": "pipeline", "test_install.py": "pipeline",
-          "test_identity.py": "pipeline", "test_faults.py": "pipeline"}
+          "test_identity.py": "pipeline", "test_faults.py": "pipeline", "test_ui_scale.py": "pipeline",
+          "test_stuck_runs.py": "pipeline"}
 
 
 #: The longest files first (their measured share of a serial run, longest first): ``make test``
 #: runs files on parallel workers (pytest-xdist, ``--dist loadfile``) and a long file started last
 #: would finish alone. Files not listed keep their order after these.
-_LONGEST_FIRST = ["test_training.py", "test_faults.py", "test_cli.py", "test_identity.py", "test_ui.py",
+_LONGEST_FIRST = ["test_ui_scale.py", "test_training.py", "test_faults.py", "test_cli.py", "test_identity.py", "test_ui.py",
                   "test_postgres.py", "test_s3_pipeline.py", "test_mixture.py", "test_install.py",
                   "test_gpu_bench.py"]
 
