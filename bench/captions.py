@@ -24,10 +24,10 @@ from prx_assets.core.config.project import IngestSettings, SourceConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.demo.corpus import generate_demo_corpus
 from prx_assets.core.demo.tiny_models import build_tiny_qwen3_vl
-from prx_assets.core.enrich.enrichment import enrich_batch
+from prx_assets.core.enrich.enrichment import Decoding, enrich_batch
 from prx_assets.core.ingest.batches import discover, load_manifests
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, IMAGES_TABLE
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner
@@ -90,7 +90,7 @@ def run() -> dict[str, Any]:
         # input shape has been seen (oneDNN caches kernels per shape). The bare side skips JPEG
         # decoding. Ours groups each chunk by image size before batching (less padding).
         enrich_batch(root, manifest.key, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", f"warm-{bs}",
-                     PAYLOAD, lambda seen=seen: make_compute(record=seen), chunk=bs * 8)
+                     PAYLOAD, lambda seen=seen: make_compute(record=seen), decoding=Decoding(count=bs * 8))
         images = list(seen)
         bare_loop(cap, images, bs)
         t_bare, t_ours = [], []
@@ -102,7 +102,7 @@ def run() -> dict[str, Any]:
             t = time.perf_counter()
             res = enrich_batch(
                 root, manifest.key, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", f"bench-{bs}-{r}", PAYLOAD,
-                make_compute, chunk=bs * 8)
+                make_compute, decoding=Decoding(count=bs * 8))
             t_ours.append(time.perf_counter() - t)
             if r % 2 == 1:
                 t = time.perf_counter()

@@ -31,7 +31,7 @@ def child(base: str, source: str) -> dict[str, Any]:
     from prx_assets.core.ingest.images import prepare_rgb
     from prx_assets.core.ingest.jpeg_quality import pick_sample, run_experiment
     from prx_assets.core.ingest.pipeline import ingest_batch
-    from prx_assets.core.ingest.sources import reader_for
+    from prx_assets.core.ingest.readers import reader_for
 
     root = DataRoot(str(Path(base) / "root"))
     settings = IngestSettings(workers=2)

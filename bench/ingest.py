@@ -32,7 +32,7 @@ from prx_assets.core.ingest.batches import discover, load_manifests
 from prx_assets.core.ingest.images import prepare_rgb
 from prx_assets.core.ingest.jpeg_quality import run_experiment
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))
 PHOTOS = int(os.environ.get("PRX_BENCH_PHOTOS", "96"))

@@ -28,7 +28,7 @@ from prx_assets.core.demo.corpus import generate_demo_corpus
 from prx_assets.core.demo.tiny_models import build_tiny_siglip
 from prx_assets.core.ingest.batches import discover, load_manifests
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 
 PARTITIONS = int(os.environ.get("PRX_BENCH_ONE_LOAD_PARTITIONS", "20"))
 ROUNDS = int(os.environ.get("PRX_BENCH_ROUNDS", "3"))

@@ -198,7 +198,7 @@ def discovery_figures(base: Path, files: int) -> dict[str, Any]:
     from prx_assets.core.config.project import SourceConfig
     from prx_assets.core.config.storage import DataRoot
     from prx_assets.core.ingest.batches import discover
-    from prx_assets.core.ingest.sources import reader_for
+    from prx_assets.core.ingest.readers import reader_for
 
     folder, root = base / "corpus", DataRoot(str(base / "root"))
     _files(folder, files)

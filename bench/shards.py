@@ -21,7 +21,7 @@ from prx_assets.core.curate.recipes import Dedup, Recipe
 from prx_assets.core.demo.corpus import generate_demo_corpus
 from prx_assets.core.ingest.batches import discover, load_manifests
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import MDS_BASE_COLUMNS, MDS_FROM_LAB
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.manifests import SubsetManifest

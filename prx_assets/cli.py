@@ -314,7 +314,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from prx_assets.definitions import defs
     from prx_assets.defs.ingest import RAW_IMAGES, discover_batches, expect_batches, ingest_resources
     from prx_assets.defs.partitions import orphan_partitions
-    from prx_assets.defs.quarantine import failures_not_holding_back
+    from prx_assets.defs.quarantine import failures_not_holding_back, reads_failed
 
     if args.dry_run:
         return _dry_run(defs, args.select)
@@ -343,8 +343,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{len(plan)} partitions to materialize")
     job = defs.resolve_implicit_global_asset_job_def()
     level = "INFO" if args.verbose else "CRITICAL"
-    failed = done = 0
+    failed = done = skipped_here = 0
     total = len(plan)
+    failed_here: dict[dg.AssetKey, set[str | None]] = {}  # failed or skipped in this run, per asset
     for key in selected_keys(defs, args.select):
         first = [pk for k, pk in plan if k == key]
         # Once something has run, re-plan each later asset just before it runs (its upstream may
@@ -360,11 +361,20 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"  note: {key.to_user_string()} reads every batch, including {line}")
         for _, pk in todo:
             done += 1
-            failed += _execute(job, instance, key, pk, level, f"[{done}/{total}]")
+            why = reads_failed(defs, key, pk, failed_here)
+            if why is not None:  # not run: recorded as skipped, never as "ok, 0 rows"
+                print(f"[{done}/{total}] {key.to_user_string()}{' ' + pk if pk else ''}: skipped ({why})", flush=True)
+                skipped_here += 1
+            elif _execute(job, instance, key, pk, level, f"[{done}/{total}]"):
+                failed += 1
+            else:
+                continue
+            failed_here.setdefault(key, set()).add(pk)
         if key == RAW_IMAGES:
             READAHEAD.clear()
-    if failed:
-        print(f"{failed} of {done} partitions failed")
+    if failed or skipped_here:
+        print(f"{failed} of {done} partitions failed" + (f", {skipped_here} skipped because a partition they read "
+                                                        "failed in this run" if skipped_here else ""))
         return 1
     return 0
 

@@ -313,3 +313,32 @@ def test_run_reads_the_next_batch_ahead_and_stores_the_same(tmp_path: Path, monk
     assert "everything is up to date" in capsys.readouterr().out
     from prx_assets.core.ingest.readahead import READAHEAD
     assert READAHEAD.live_key is None
+
+
+def test_what_reads_a_partition_that_failed_in_the_run_is_skipped_not_recorded(
+        small_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A batch whose ingest fails: its embeddings and captions in the same run are skipped and
+    said so (never recorded as "ok, 0 rows"); the other batches go on; the run exits 1."""
+    from prx_assets.core.config.project import data_root
+
+    assert main(["discover"]) == 0
+    capsys.readouterr()
+    manifest = Path(data_root()) / "ingest" / "batches" / "photos" / "00001.json"
+    hidden = manifest.with_suffix(".hidden")
+    manifest.rename(hidden)
+    try:
+        assert main(["run", "--select", "raw_images image_embeddings recaptions"]) == 1
+    finally:
+        hidden.rename(manifest)
+    out = capsys.readouterr().out
+    lines = {line.split("] ", 1)[1].split(":")[0]: line for line in out.splitlines() if line.startswith("[")}
+    assert "FAILED" in lines["raw_images photos-00001"]
+    skipped = [k for k, line in lines.items() if "skipped (raw_images[photos-00001] failed in this run)" in line]
+    assert sorted(k.split("|")[0] + ("|" + k.split("|")[1].split("-")[0] if "|" in k else "") for k in skipped) == \
+        ["image_embeddings photos-00001", "recaptions photos-00001|detailed", "recaptions photos-00001|short"]
+    assert all(" ok " in line for k, line in lines.items() if "photos-00001" not in k)
+    assert "3 skipped because a partition they read failed in this run" in out
+    with dg.DagsterInstance.get() as instance:
+        for asset in ("image_embeddings", "recaptions"):
+            done = instance.get_materialized_partitions(dg.AssetKey(asset))
+            assert not [p for p in done if p.startswith("photos-00001")], (asset, done)

@@ -10,7 +10,7 @@ import pytest
 from prx_assets.core.config.project import IngestSettings, SourceConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover, load_manifests
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.table import table_uri
 from tests.helpers import write_folder_corpus
 

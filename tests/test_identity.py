@@ -151,6 +151,34 @@ def test_unchanged_inputs_create_nothing_new_and_ids_are_reproducible(
     assert main(["lineage", wide_id]) == 0
     assert "+ columns caption_detailed (sidecar" in capsys.readouterr().out
 
+    # Back to the recipe as it was (A -> B -> A): the mixture returns to a version already trained,
+    # and that training is reported, not run again.
+    with dg.DagsterInstance.get() as instance:
+        trained = _latest_training(instance)
+    recipes.write_text(original)
+    assert main(["run"]) == 0
+    out = capsys.readouterr().out
+    assert "training_run demo_mix: ok" in out
+    with dg.DagsterInstance.get() as instance:
+        again = _latest_training(instance)
+        jobs = {_plain(m.metadata["job_id"]) for m in _trainings(instance)}
+    assert again.metadata["reused_training"].value is True
+    assert again.tags["dagster/data_version"] != trained.tags["dagster/data_version"]  # another version than B's
+    assert _plain(again.metadata["job_id"]) in jobs and len(jobs) == 4  # no fifth job: A's was reported
+
+
+def _trainings(instance: dg.DagsterInstance) -> list[Any]:
+    recs = instance.fetch_materializations(dg.AssetKey("training_run"), limit=100).records
+    return [r.asset_materialization for r in recs]
+
+
+def _latest_training(instance: dg.DagsterInstance) -> Any:
+    return _trainings(instance)[0]
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)
+
 
 def test_a_moved_source_and_a_copied_config_and_model_folder_change_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_models: dict[str, str],

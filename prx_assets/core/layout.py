@@ -113,6 +113,12 @@ def manifest_of(folder_or_manifest: str) -> str:
     return f"{folder_or_manifest.rstrip('/')}/{SHARD_SET_MANIFEST}"
 
 
+def training_record(mixture: str, version: str, work_key: str) -> str:
+    """What a finished training run of a mixture version with given trainer settings (``work_key``)
+    produced: ``training/<mixture>/<version>/trained-<work key>.json``."""
+    return f"{TRAINING_DIR}/{mixture}/{version}/trained-{work_key}.json"
+
+
 def mixture_spec(mixture: str, version: str) -> str:
     """A resolved mixture spec: ``mixtures/<mixture>/<version>.json``."""
     return f"{MIXTURE_DIR}/{mixture}/{version}.json"

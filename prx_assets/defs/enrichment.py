@@ -7,7 +7,8 @@ from typing import Any
 import dagster as dg
 
 from prx_assets.core.enrich.caption_quality import assess
-from prx_assets.core.enrich.enrichment import EnrichResult, enrich_batch
+from prx_assets.core.enrich.decode import CAPTION_DECODE_PIXELS, EMBED_DECODE_PIXELS
+from prx_assets.core.enrich.enrichment import Decoding, EnrichResult, enrich_batch
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
 from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
@@ -108,7 +109,8 @@ def recaption_stage(res: StageResources, key: str, log: Callable[[str], None]) -
 
     return enrich_batch(res.storage.root(), batch, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", captioner_id,
                         ["caption", "tokens", "seconds", "hit_max_tokens", "model"], factory,
-                        chunk=max(1, captioner.effective(spec).batch_size) * 8)
+                        decoding=Decoding(count=max(1, captioner.effective(spec).batch_size) * 8,
+                                          max_pixels=spec.max_pixels or CAPTION_DECODE_PIXELS))
 
 
 def embedding_stage(res: StageResources, key: str, log: Callable[[str], None]) -> EnrichResult:
@@ -142,7 +144,8 @@ def embedding_stage(res: StageResources, key: str, log: Callable[[str], None]) -
     existing = open_table(table_uri(root, name), root.storage_options())
     dim = existing.schema.field("embedding").type.list_size if existing is not None else model().dim
     result = enrich_batch(root, key, name, embeddings_schema(dim, spec.vector_dtype), "embedder_id", spec.embedder_id(),
-                          ["embedding", "model"], factory, chunk=max(1, spec.batch_size))
+                          ["embedding", "model"], factory,
+                          decoding=Decoding(count=max(1, spec.batch_size), max_pixels=EMBED_DECODE_PIXELS))
     result.load_seconds = load_seconds  # including a load for the first batch's vector size
     return result
 

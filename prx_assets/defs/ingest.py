@@ -26,7 +26,7 @@ from prx_assets.core.ingest.jpeg_quality import (
 )
 from prx_assets.core.ingest.pipeline import IngestResult, ingest_batch
 from prx_assets.core.ingest.readahead import READAHEAD, BatchInputs
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import IMAGES_TABLE
 from prx_assets.core.lab.sql import where_eq
 from prx_assets.core.lab.table import open_table, table_uri

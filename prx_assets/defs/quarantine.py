@@ -126,3 +126,21 @@ def failures_not_holding_back(defs: dg.Definitions, instance: dg.DagsterInstance
         for ck in blocking_checks(defs, parent_key):
             out += list(failed_partitions(instance, ck, None).values())
     return sorted(out)
+
+
+def reads_failed(defs: dg.Definitions, key: dg.AssetKey, partition: str | None,
+                 failed: dict[dg.AssetKey, set[str | None]]) -> str | None:
+    """Why partition ``partition`` of ``key`` must not run: a parent partition it reads (by the same
+    rule as :func:`held_back`) failed earlier in this run (``failed``: per asset, the partitions
+    that failed or were skipped). ``None`` when none did."""
+    graph = defs.resolve_asset_graph()
+    node = graph.get(key)
+    for parent_key in sorted(node.parent_keys & set(failed), key=lambda k: k.to_user_string()):
+        every = isinstance(defs.resolve_assets_def(key).get_partition_mapping_for_dep(parent_key),
+                           dg.AllPartitionMapping)
+        parents = parent_partitions(node.partitions_def, graph.get(parent_key).partitions_def, partition, every)
+        hit = sorted(failed[parent_key], key=str) if parents is None else [p for p in parents or [] if p in failed[parent_key]]
+        if hit:
+            where = f"[{hit[0]}]" if hit[0] is not None else ""
+            return f"{parent_key.to_user_string()}{where} failed in this run"
+    return None

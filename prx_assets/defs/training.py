@@ -2,11 +2,13 @@
 
 import json
 import shlex
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from prx_assets.core import layout
+from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.jobs.render import job_name_for
 from prx_assets.defs.mixture import training_mixture
 from prx_assets.defs.partitions import mixture_partitions
@@ -50,6 +52,13 @@ class TrainingConfig(dg.Config):
     checkpoint_root: str | None = Field(
         default=None, description="Shared folder for checkpoints (default <data root>/training for a local data "
                                   "root, else <SLURM shared dir>/checkpoints).")
+    retrain: bool = Field(
+        default=False, description="Train again even when this mixture version was already trained with these "
+                                   "settings (by default that run's result is reported, nothing is trained).")
+
+
+#: Trainer settings that do not change what is trained (left out of the work key).
+NOT_WORK = {"retrain", "checkpoint_root"}
 
 
 def _latest_mixture(instance: dg.DagsterInstance, mixture: str) -> tuple[str, str]:
@@ -118,8 +127,16 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
     context.log.info(f"trainer: python -m {TRAINER_MODULE} {shlex.join(args)}")
     # The work: this mixture version with these trainer settings. A job for it that a killed run left
     # behind is adopted (followed, its results read) rather than trained a second time.
-    work_key = digest(training_fingerprint_of(version), json.dumps(config.model_dump(), sort_keys=True, default=str),
-                      tower.model)
+    settings = {k: v for k, v in config.model_dump().items() if k not in NOT_WORK}
+    work_key = digest(training_fingerprint_of(version), json.dumps(settings, sort_keys=True, default=str), tower.model)
+    earlier = _trained(root, mixture, version, work_key)
+    if earlier is not None and not config.retrain:
+        context.log.info(f"mixture {mixture} version {version} was already trained with these settings (run "
+                         f"{earlier['run_id']}, job {earlier['metadata'].get('job_id')}): reporting that result; "
+                         "set retrain: true to train again")
+        return dg.MaterializeResult(metadata={**earlier["metadata"], "trained_in_run": earlier["run_id"],
+                                              "reused_training": True},
+                                    data_version=dg.DataVersion(earlier["data_version"]))
     invocation = slurm.pipes_client().run(
         context=context, module=TRAINER_MODULE, args=args, job_name=job_name_for("train", mixture),
         extras={"mixture": mixture, "mixture_version": version}, training=True, work_key=work_key,
@@ -128,20 +145,39 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
     if adopted:  # the adopted job writes where its own run told it to
         ckpt_dir = (plain(invocation.metadata.get("work")) or {}).get("checkpoint_dir", ckpt_dir)
     reported = reported_result(invocation, f"training_run[{mixture}]")
-    return dg.MaterializeResult(
-        metadata={
-            **(reported.metadata or {}),
-            "job_id": invocation.metadata["job_id"],
-            "job_mode": invocation.metadata["job_mode"],
-            "adopted_job": adopted,
-            "mixture_version": version,
-            "spec_uri": dg.MetadataValue.path(spec_uri),
-            "checkpoint_dir": dg.MetadataValue.path(ckpt_dir),
-            "text_encoder": tower.model,
-            FINGERPRINT_KEY: dg.MetadataValue.text(training_fingerprint_of(version)),
-        },
-        data_version=reported.data_version,
-    )
+    metadata = {
+        **(reported.metadata or {}),
+        "job_id": invocation.metadata["job_id"],
+        "job_mode": invocation.metadata["job_mode"],
+        "adopted_job": adopted,
+        "mixture_version": version,
+        "spec_uri": dg.MetadataValue.path(spec_uri),
+        "checkpoint_dir": dg.MetadataValue.path(ckpt_dir),
+        "text_encoder": tower.model,
+        "work_key": work_key,
+        FINGERPRINT_KEY: dg.MetadataValue.text(training_fingerprint_of(version)),
+    }
+    if reported.data_version is not None:
+        _record_trained(root, mixture, version, work_key, context.run.run_id, metadata, reported.data_version.value)
+    return dg.MaterializeResult(metadata=metadata, data_version=reported.data_version)
+
+
+def _trained(root: DataRoot, mixture: str, version: str, work_key: str) -> dict[str, Any] | None:
+    """The record of a finished training run of this mixture version with these settings, if any."""
+    rel = layout.training_record(mixture, version, work_key)
+    if not root.exists(rel):
+        return None
+    return json.loads(root.read_bytes(rel))
+
+
+def _record_trained(root: DataRoot, mixture: str, version: str, work_key: str, run_id: str,
+                    metadata: dict[str, Any], data_version: str) -> None:
+    """Keep what this training run produced beside the data, so the same work is never trained twice
+    (a mixture that goes back to a version already trained, from any path)."""
+    plain_md = {k: plain(v) for k, v in metadata.items()}
+    doc = {"run_id": run_id, "data_version": data_version,
+           "metadata": {k: v for k, v in plain_md.items() if isinstance(v, (str, int, float, bool))}}
+    root.write_bytes(layout.training_record(mixture, version, work_key), json.dumps(doc, sort_keys=True).encode())
 
 
 def _latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:

@@ -12,7 +12,7 @@ from prx_assets.core.config.project import IngestSettings, SourceConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover, load_manifests
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from tests.helpers import encode, photo, write_folder_corpus
 
 
@@ -52,6 +52,42 @@ def test_links_and_special_files_are_recorded_not_followed(tmp_path: Path) -> No
                             ingest=IngestSettings(workers=1), follow_links=True)
     rows, reasons, _ = _ingest_all(followed, DataRoot(str(tmp_path / "root2")))
     assert rows == 6 and "outside_source" not in reasons
+
+
+def test_every_file_is_accounted_whatever_its_name_and_under_directory_links(tmp_path: Path) -> None:
+    """A name that is not valid UTF-8 is ingested under a reversible percent-escaped key (and does
+    not stop discovery for the other files); a directory link leading out of the folder gives one
+    reject per file under it (or, with follow_links, their rows); one inside is not read twice."""
+    from prx_assets.core.ingest.folder import key_of_name, path_of_key
+
+    folder = tmp_path / "photos"
+    write_folder_corpus(folder, n=3, broken=False)
+    odd = os.fsdecode(b"bad_utf8_\xff\xfe.jpg")
+    (folder / odd).write_bytes(encode(photo(200, 150, seed=3), "JPEG"))
+    (folder / os.fsdecode(b"dir_\xe9")).mkdir()
+    (folder / os.fsdecode(b"dir_\xe9") / "x%41.jpg").write_bytes(encode(photo(180, 150, seed=4), "JPEG"))
+    outside = tmp_path / "elsewhere"
+    write_folder_corpus(outside, n=3, broken=False, seed=5)
+    (folder / "linked").symlink_to(outside, target_is_directory=True)
+    (folder / "inner").symlink_to(folder / "sub", target_is_directory=True)  # inside: listed where it is
+    assert key_of_name(odd) == "bad_utf8_%FF%FE.jpg" and path_of_key(folder, key_of_name(odd)) == folder / odd
+    for full in (False, True):
+        cfg = SourceConfig(name="photos", kind="folder", location=str(folder), batch_size=100,
+                           ingest=IngestSettings(workers=1))
+        root = DataRoot(str(tmp_path / f"root{full}"))
+        if full:
+            assert len(reader_for(cfg).list_units()) == 3 + 2 + 3
+        rows, reasons, rejects = _ingest_all(cfg, root)
+        assert rows == 5 and reasons == {"outside_source": 3}, (rows, reasons)
+        assert len(rejects) == 3 and all(r["uri"].startswith(f"{folder}/linked/") for r in rejects)
+        uris = lance.dataset(root.join("lance/images.lance")).to_table(columns=["uri"]).column(0).to_pylist()
+        assert f"{folder}/bad_utf8_%FF%FE.jpg" in uris and f"{folder}/dir_%E9/x%2541.jpg" in uris
+        assert not any("/inner/" in u for u in uris)
+
+    followed = SourceConfig(name="linked", kind="folder", location=str(folder), batch_size=100,
+                            ingest=IngestSettings(workers=1), follow_links=True)
+    rows, reasons, _ = _ingest_all(followed, DataRoot(str(tmp_path / "root3")))
+    assert rows == 8 and not reasons
 
 
 def test_corrupt_parquet_files_and_bad_rows_are_rejects(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ from prx_assets.core.ingest.batches import (
     manifest_path,
     parse_batch_key,
 )
-from prx_assets.core.ingest.sources import Unit, reader_for
+from prx_assets.core.ingest.readers import reader_for
+from prx_assets.core.ingest.sources import Unit
 from prx_assets.errors import PartitionKeyError
 from tests.helpers import write_folder_corpus
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from prx_assets.core.config.project import load_sources
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.errors import ConfigError
 
 
@@ -112,3 +112,54 @@ def test_a_bare_off_turns_lossless_fallback_off(tmp_path: Path) -> None:
     p = tmp_path / "sources.yaml"
     p.write_text("sources:\n  - {name: x, kind: folder, path: /x, ingest: {lossless_fallback: off}}\n")
     assert load_sources(p).get("x").ingest.lossless_fallback == "off"
+
+
+@pytest.mark.parametrize(("name", "text", "pattern"), [
+    ("sources.yaml", "sources:\n  - {name: x, kind: folder, path: /x, batch_size: true}\n",
+     r"source 'x': batch_size=True must be a positive integer"),
+    ("sources.yaml", "sources:\n  - {name: x, kind: folder, path: /x, batch_size: 0}\n",
+     r"source 'x': batch_size=0 must be a positive integer"),
+    ("models.yaml", "captioners:\n  - {name: d, model: Qwen/Qwen3-VL-2B-Instruct, max_new_tokens: sixteen}\n",
+     r"models.yaml: captioner 'd': max_new_tokens='sixteen': expected an int, got str \(fix: write max_new_tokens:"),
+    ("models.yaml", "captioners:\n  - {name: d, model: Qwen/Qwen3-VL-2B-Instruct, batch_size: true}\n",
+     r"captioner 'd': batch_size=True: expected an int, got bool"),
+    ("models.yaml", "captioners: []\nembedder: {model: google/siglip2-so400m-patch14-384, batch_size: 0}\n",
+     r"embedder: batch_size=0 must be >= 1"),
+    ("models.yaml", "captioners: []\nembedder: {model: google/siglip2-so400m-patch14-384, batch_size: true}\n",
+     r"embedder: batch_size=True: expected an int, got bool"),
+    ("models.yaml", "captioners: []\ntext_encoder: {model: Qwen/Qwen3-0.6B, max_length: '128'}\n",
+     r"text_encoder: max_length='128': expected an int, got str"),
+    ("recipes.yaml", "recipes:\n  - {name: r, min_side: big}\n",
+     r"recipes.yaml: recipe 'r': min_side='big': expected an int or null, got str \(fix: write min_side:"),
+    ("recipes.yaml", "recipes:\n  - {name: r, aspect_buckets: ['1:0', x]}\n",
+     r"recipe 'r': aspect bucket '1:0' is not of the form 'W:H' with positive sides"),
+    ("recipes.yaml", "recipes:\n  - {name: r, aspect_buckets: '1:1'}\n", r"aspect_buckets='1:1' must be a list"),
+    ("recipes.yaml", "recipes:\n  - {name: r, dedup: {exact: maybe}}\n", r"exact='maybe': expected a bool"),
+    ("recipes.yaml", "recipes:\n  - {name: r, seed: 1.5}\n", r"seed=1.5: expected an int, got float"),
+    ("recipes.yaml", "recipes:\n  - {name: r, caption_mix: {short: lots}}\n", r"caption_mix=.* positive weights"),
+    ("mixtures.yaml", "mixtures:\n  - {name: m, epoch_size: many, streams: [{recipe: r, proportion: 1}]}\n",
+     r"mixture 'm': epoch_size='many': expected a positive integer"),
+    ("mixtures.yaml", "mixtures:\n  - {name: m, streams: [{recipe: r, choose: 2.5}]}\n",
+     r"streams\[0\].choose=2.5: expected a positive integer"),
+])
+def test_every_config_file_types_its_values_up_front(tmp_path: Path, name: str, text: str, pattern: str) -> None:
+    """Each of these once gave a traceback, a bare ValueError or was accepted silently (a published
+    set, a training job, an IndexError later): now a ConfigError naming file, entry, value and fix."""
+    from prx_assets.core.curate.recipes import load_recipes
+    from prx_assets.core.models.config import load_models
+    from prx_assets.core.publish.mixture import load_mixtures
+
+    p = tmp_path / name
+    p.write_text(text)
+    load = {"sources.yaml": load_sources, "models.yaml": load_models, "recipes.yaml": load_recipes,
+            "mixtures.yaml": load_mixtures}[name]
+    with pytest.raises(ConfigError, match=pattern) as exc:
+        load(p)
+    assert str(p) in str(exc.value) and "fix:" in str(exc.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    p = tmp_path / "sources.yaml"
+    p.write_bytes(b"sources:\n  - {name: x, kind: folder, path: /caf\xe9}\n")
+    with pytest.raises(ConfigError, match=r"sources.yaml: not UTF-8 text: byte b'\\xe9' at offset \d+ \(fix: save"):
+        load_sources(p)

@@ -18,7 +18,7 @@ from prx_assets.core.demo.synthetic import mixed_corpus
 from prx_assets.core.ingest.batches import discover, load_manifest
 from prx_assets.core.ingest.images import prepare_rgb, store
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import IMAGES_SCHEMA
 from prx_assets.core.lab.table import table_uri
 from prx_assets.training.data import decode_to_bucket

@@ -14,7 +14,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest import early
 from prx_assets.core.ingest.batches import load_manifest, load_manifests
 from prx_assets.core.ingest.readahead import READAHEAD, BatchInputs
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.ingest.worker import shutdown_pool, worker_pools
 from tests.helpers import write_folder_corpus
 

@@ -13,7 +13,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.enrich.enrichment import enrich_batch
 from prx_assets.core.ingest.batches import discover, load_manifest
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner

@@ -12,7 +12,7 @@ from prx_assets.core.config.project import IngestSettings, SourceConfig
 from prx_assets.core.config.storage import DataRoot, ObjectStoreSettings
 from prx_assets.core.ingest.batches import discover, load_manifests
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from tests.helpers import encode, photo
 
 

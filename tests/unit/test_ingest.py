@@ -10,7 +10,7 @@ from prx_assets.core.config.project import IngestSettings, SourceConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover, load_manifest
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import IMAGES_SCHEMA
 from prx_assets.core.lab.table import open_table
 from tests.helpers import write_folder_corpus

@@ -13,7 +13,7 @@ from prx_assets.core.config.project import IngestSettings, SourceConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover, load_manifests
 from prx_assets.core.ingest.pipeline import ingest_batch
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.maintenance import maintain
 from prx_assets.core.lab.query import QueryError, open_lab, query
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.enrich.enrichment import enrich_batch
+from prx_assets.core.enrich.enrichment import Decoding, enrich_batch
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.leases import Lease, LeaseBusy, LeaseLost, list_leases, read_holder
@@ -154,7 +154,7 @@ def test_two_enrichments_of_one_batch_at_once_write_no_duplicate(batch) -> None:
     def run() -> None:
         barrier.wait()
         results.append(enrich_batch(root, key, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", "c-1", PAYLOAD,
-                                    factory, chunk=2, commit_every=2))
+                                    factory, decoding=Decoding(count=2), commit_every=2))
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     for t in threads:

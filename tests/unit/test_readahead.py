@@ -17,7 +17,7 @@ from prx_assets.core.demo.bad_inputs import write_bad_inputs
 from prx_assets.core.ingest.batches import discover, load_manifest, load_manifests
 from prx_assets.core.ingest.pipeline import ingest_batch
 from prx_assets.core.ingest.readahead import BatchInputs, ReadAhead
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.ingest.worker import shutdown_pool, worker_pools
 from prx_assets.errors import ConfigError
 from tests.helpers import write_folder_corpus

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prx_assets.core.config.project import SourceConfig
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 from prx_assets.errors import ConfigError
 from tests.helpers import encode, photo, write_folder_corpus
 

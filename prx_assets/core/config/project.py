@@ -295,10 +295,12 @@ def _parse_ingest(raw: Any, base: IngestSettings, where: str, path: str) -> Inge
     return settings
 
 
-def _typed(key: str, value: Any, expected: str, path: str, where: str) -> Any:
-    """``value`` checked against an ingest setting's declared type (``int``, ``float``, ``str``,
-    ``int | None``); a wrong type is a ConfigError naming expected and got, never a traceback."""
-    optional = expected.endswith("| None")
+def typed_value(key: str, value: Any, expected: str, path: str, where: str, example: str = "",
+                default: Any = None) -> Any:
+    """``value`` checked against a setting's declared type (``int``, ``float``, ``str``, ``bool``,
+    any of them ``| None``); a wrong type is a ConfigError naming the file, entry, value, what was
+    expected and the fix, never a traceback later. ``bool`` is not an ``int`` here (YAML's ``true``)."""
+    optional = expected.replace(" ", "").endswith("|None")
     base = expected.split("|")[0].strip()
     if value is None and optional:
         return None
@@ -306,11 +308,23 @@ def _typed(key: str, value: Any, expected: str, path: str, where: str) -> Any:
           "float": isinstance(value, int | float) and not isinstance(value, bool),
           "str": isinstance(value, str), "bool": isinstance(value, bool)}.get(base, True)
     if not ok:
-        example = {"int": "92", "float": "4.0", "str": "'4:2:0'", "bool": "true"}.get(base, "")
+        example = example or {"int": "92", "float": "4.0", "str": "'text'", "bool": "true"}.get(base, "")
         raise ConfigError(f"{key}={value!r}: expected {'an' if base == 'int' else 'a'} {base}"
                           f"{' or null' if optional else ''}, got {type(value).__name__}", path=path, entry=where,
-                          fix=f"write {key}: {example}" + (f" (default {getattr(IngestSettings(), key)!r})"))
-    return float(value) if base == "float" else value
+                          fix=f"write {key}: {example}" + (f" (default {default!r})" if default is not None else ""))
+    return float(value) if base == "float" and value is not None else value
+
+
+def check_fields(cls: type, values: Mapping[str, Any], path: str, where: str) -> dict[str, Any]:
+    """``values`` for dataclass ``cls``, each checked against its field's declared type."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    return {k: typed_value(k, v, types[k], path, where) if k in types else v for k, v in values.items()}
+
+
+def _typed(key: str, value: Any, expected: str, path: str, where: str) -> Any:
+    """An ingest setting checked against its declared type (see :func:`typed_value`)."""
+    example = {"int": "92", "float": "4.0", "str": "'4:2:0'", "bool": "true"}.get(expected.split("|")[0].strip(), "")
+    return typed_value(key, value, expected, path, where, example, getattr(IngestSettings(), key))
 
 
 def _parse_ratio(bucket: str, path: str, where: str) -> float:
@@ -387,7 +401,10 @@ def read_yaml(path: Path, missing_fix: str) -> Any:
     if not path.is_file():
         raise ConfigError("file not found", path=spath, fix=missing_fix)
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text: byte {e.object[e.start:e.start + 1]!r} at offset {e.start}", path=spath,
+                          fix="save the file as UTF-8") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -467,7 +484,7 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
             raise ConfigError(f"missing '{key}'", path=spath, entry=where,
                               fix=f"add {key}: ... to the source")
         batch_size = raw.get("batch_size", DEFAULT_BATCH_SIZE[kind])
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"batch_size={batch_size!r} must be a positive integer", path=spath,
                               entry=where, fix="use e.g. 2000")
         exts = raw.get("extensions", DEFAULT_EXTENSIONS)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prx_assets.core.config.project import config_dir, expand_env, named, read_entries
+from prx_assets.core.config.project import check_fields, config_dir, expand_env, named, read_entries
 from prx_assets.errors import ConfigError
 
 RECIPE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -126,6 +126,17 @@ def _file(value: Any, cfg: Path, where: str, what: str) -> str:
     return str(p)
 
 
+def _bucket(bucket: Any, path: str, where: str) -> None:
+    """An aspect bucket must be ``'W:H'`` with positive sides."""
+    try:
+        w, h = (float(x) for x in str(bucket).split(":"))
+        if not (w > 0 and h > 0):
+            raise ValueError
+    except ValueError:
+        raise _bad(f"aspect bucket {bucket!r} is not of the form 'W:H' with positive sides", path, where,
+                   "write buckets like '16:9' (ingest assigns the nearest of its aspect_buckets)") from None
+
+
 def _parse_one(raw: Mapping[str, Any], i: int, cfg: Path) -> Recipe:
     spath = str(cfg)
     name = raw.get("name") if isinstance(raw, Mapping) else None
@@ -140,19 +151,30 @@ def _parse_one(raw: Mapping[str, Any], i: int, cfg: Path) -> Recipe:
     if not isinstance(dedup_raw, Mapping) or set(dedup_raw) - _DEDUP_KEYS:
         raise _bad(f"dedup must be a mapping with keys {sorted(_DEDUP_KEYS)}, got {dedup_raw!r}", spath, where,
                    "write dedup: {exact: true, phash_distance: 4}")
-    dedup = Dedup(exact=bool(dedup_raw.get("exact", True)), phash_distance=dedup_raw.get("phash_distance"),
-                  embedding_threshold=dedup_raw.get("embedding_threshold"))
-    if dedup.phash_distance is not None and not (0 <= int(dedup.phash_distance) <= 16):
+    dedup = Dedup(**check_fields(Dedup, dedup_raw, spath, where))
+    if dedup.phash_distance is not None and not (0 <= dedup.phash_distance <= 16):
         raise _bad(f"phash_distance={dedup.phash_distance!r} is outside 0..16", spath, where, "use e.g. 4")
-    if dedup.embedding_threshold is not None and not (0.0 < float(dedup.embedding_threshold) <= 1.0):
+    if dedup.embedding_threshold is not None and not (0.0 < dedup.embedding_threshold <= 1.0):
         raise _bad(f"embedding_threshold={dedup.embedding_threshold!r} is outside (0, 1]", spath, where,
                    "use a cosine similarity such as 0.97")
+    scalars = check_fields(Recipe, {k: raw[k] for k in ("where", "min_side", "min_pixels", "seed", "description")
+                                    if k in raw}, spath, where)
+    for key in ("min_side", "min_pixels"):
+        if scalars.get(key) is not None and scalars[key] < 1:
+            raise _bad(f"{key}={scalars[key]!r} must be a positive integer", spath, where, f"use e.g. {key}: 256")
+    buckets = raw.get("aspect_buckets") or ()
+    if isinstance(buckets, str) or not isinstance(buckets, list | tuple):
+        raise _bad(f"aspect_buckets={buckets!r} must be a list of 'W:H' buckets", spath, where,
+                   "write aspect_buckets: ['1:1', '4:3']")
+    for bucket in buckets:
+        _bucket(bucket, spath, where)
     captions = raw.get("captions") or []
     if isinstance(captions, str) or not all(isinstance(c, str) for c in captions):
         raise _bad(f"captions={captions!r} must be a list of captioner names or ids", spath, where,
                    "write captions: [detailed, short]")
     mix_raw = raw.get("caption_mix") or {}
-    if not isinstance(mix_raw, Mapping) or any(float(w) <= 0 for w in mix_raw.values()):
+    if not isinstance(mix_raw, Mapping) or any(isinstance(w, bool) or not isinstance(w, int | float) or w <= 0
+                                               for w in mix_raw.values()):
         raise _bad(f"caption_mix={mix_raw!r} must map captioner names to positive weights", spath, where,
                    "write caption_mix: {detailed: 0.7, short: 0.3}")
     optout = raw.get("optout") or {}
@@ -160,23 +182,23 @@ def _parse_one(raw: Mapping[str, Any], i: int, cfg: Path) -> Recipe:
         raise _bad(f"optout={optout!r} must have keys image_ids and/or uris", spath, where,
                    "write optout: {image_ids: optout/ids.txt}")
     cap = raw.get("cap")
-    if cap is not None and (not isinstance(cap, int) or cap < 1):
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         raise _bad(f"cap={cap!r} must be a positive integer", spath, where, "use e.g. 100000 or remove it")
     return Recipe(
         name=name,
-        description=str(raw.get("description", "")),
-        where=raw.get("where"),
+        description=str(scalars.get("description") or ""),
+        where=scalars.get("where"),
         captions=tuple(captions),
         caption_mix=tuple((str(k), float(v)) for k, v in mix_raw.items()),
-        min_side=raw.get("min_side"),
-        min_pixels=raw.get("min_pixels"),
-        aspect_buckets=tuple(str(b) for b in raw.get("aspect_buckets") or ()),
+        min_side=scalars.get("min_side"),
+        min_pixels=scalars.get("min_pixels"),
+        aspect_buckets=tuple(str(b) for b in buckets),
         dedup=dedup,
         optout_ids_file=_file(optout["image_ids"], cfg, where, "opt-out image_ids") if "image_ids" in optout
         else None,
         optout_uris_file=_file(optout["uris"], cfg, where, "opt-out uris") if "uris" in optout else None,
         cap=cap,
-        seed=int(raw.get("seed", 0)),
+        seed=scalars.get("seed", 0),
     )
 
 

@@ -14,7 +14,6 @@ JPEG decoding and the Lance reads hide behind generation instead of adding to it
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +25,7 @@ import pyarrow.compute as pc
 from PIL import Image
 
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.enrich.decode import CHUNK_PIXELS, EMBED_DECODE_PIXELS, decode_rgb, pixel_chunks
 from prx_assets.core.faults import crash_point
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE
 from prx_assets.core.lab.sql import chunks, where_all, where_eq, where_in
@@ -62,9 +62,19 @@ class EnrichResult:
                                                "reused", "written", "version", "seconds", "lease_wait_seconds")}
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How big the images a model is given may be: each at most ``max_pixels``, a chunk at most
+    ``count`` images and ``chunk_pixels`` decoded pixels (see :mod:`.decode`)."""
+
+    count: int = 64
+    max_pixels: int = EMBED_DECODE_PIXELS
+    chunk_pixels: int = CHUNK_PIXELS
+
+
 def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schema, key_col: str,
                  key: str, payload_cols: Sequence[str], compute_factory: Callable[[], Compute],
-                 chunk: int = 64, commit_every: int = 512,
+                 decoding: Decoding = Decoding(), commit_every: int = 512,
                  progress: Callable[[int, int], None] | None = None) -> EnrichResult:
     """Fill ``out_name`` for every image of ``batch`` lacking an output under ``key``.
 
@@ -82,7 +92,7 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
     # it, two merges of the same new keys can both insert them (Lance checks no key uniqueness).
     with Lease(root, lease_name(out_name, key, batch)) as lease:
         result = _enrich_batch(root, batch, out_name, out_schema, key_col, key, payload_cols, compute_factory,
-                               chunk, commit_every, progress, lease)
+                               decoding, commit_every, progress, lease)
         if result.changed:  # its last commit wrote this partition's newest rows
             result.partition_version = result.version
         else:  # another run may have written them: read when (a scan of the partition's rows)
@@ -94,32 +104,34 @@ def enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schem
     return result
 
 
-def _read_chunk(images: Any, batch: str, ids: Sequence[str]) -> list[Image.Image]:
-    """The decoded RGB images of ``ids`` (one pushed-down read of their stored bytes)."""
+def _read_chunk(images: Any, batch: str, ids: Sequence[str], max_pixels: int) -> list[Image.Image]:
+    """The RGB images of ``ids`` decoded at most at ``max_pixels`` (one pushed-down read of their
+    stored bytes; see :mod:`.decode`)."""
     t = images.to_table(columns=["image_id", "jpeg"],
                         filter=where_all(where_eq("batch", batch), where_in("image_id", list(ids))))
     jpeg_by_id = dict(zip(t.column("image_id").to_pylist(), t.column("jpeg").to_pylist(), strict=True))
-    return [Image.open(io.BytesIO(jpeg_by_id[i])).convert("RGB") for i in ids]
+    return [decode_rgb(jpeg_by_id.pop(i), max_pixels) for i in ids]
 
 
-def _decoded_chunks(images: Any, batch: str, parts: Sequence[Sequence[tuple[str, str]]]
+def _decoded_chunks(images: Any, batch: str, parts: Sequence[Sequence[tuple[str, str]]], max_pixels: int
                     ) -> Iterator[tuple[Sequence[tuple[str, str]], list[Image.Image]]]:
     """``(part, decoded images)`` in order, the next part read and decoded by a reader thread while
     the caller works on the current one (at most one part ahead: memory holds two chunks)."""
     if not parts:
         return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prx-enrich-read") as pool:
-        ahead: Future[list[Image.Image]] = pool.submit(_read_chunk, images, batch, [i for _, i in parts[0]])
+        ahead: Future[list[Image.Image]] = pool.submit(_read_chunk, images, batch, [i for _, i in parts[0]],
+                                                       max_pixels)
         for k, part in enumerate(parts):
             pil = ahead.result()
             if k + 1 < len(parts):
-                ahead = pool.submit(_read_chunk, images, batch, [i for _, i in parts[k + 1]])
+                ahead = pool.submit(_read_chunk, images, batch, [i for _, i in parts[k + 1]], max_pixels)
             yield part, pil
 
 
 def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Schema, key_col: str,
                   key: str, payload_cols: Sequence[str], compute_factory: Callable[[], Compute],
-                  chunk: int, commit_every: int, progress: Callable[[int, int], None] | None,
+                  decoding: Decoding, commit_every: int, progress: Callable[[int, int], None] | None,
                   lease: Lease) -> EnrichResult:
     started = time.perf_counter()
     result = EnrichResult(batch=batch, key=key)
@@ -128,7 +140,8 @@ def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Sche
     if images is None:
         result.seconds = time.perf_counter() - started
         return result
-    rows = images.to_table(columns=["image_id", "sha256"], filter=where_eq("batch", batch)).to_pylist()
+    rows = images.to_table(columns=["image_id", "sha256", "width", "height"], filter=where_eq("batch", batch)).to_pylist()
+    pixels = {r["image_id"]: min(r["width"] * r["height"], decoding.max_pixels) for r in rows}
     result.images = len(rows)
     out_uri = table_uri(root, out_name)
     out = open_table(out_uri, opts)
@@ -203,7 +216,8 @@ def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Sche
     emit_ready()
     result.reused = len(emitted)
     compute: Compute | None = None
-    for part, pil in _decoded_chunks(images, batch, list(chunks(to_compute, chunk))):
+    parts = list(pixel_chunks(to_compute, [pixels[i] for _, i in to_compute], decoding.count, decoding.chunk_pixels))
+    for part, pil in _decoded_chunks(images, batch, parts, decoding.max_pixels):
         if compute is None:
             t0 = time.perf_counter()
             compute = compute_factory()

@@ -27,14 +27,8 @@ from prx_assets.core import layout
 from prx_assets.core.config.project import SourceConfig, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.faults import crash_point
-from prx_assets.core.ingest.sources import (
-    S3ClientFactory,
-    SourceReader,
-    Unit,
-    is_absolute,
-    normalized,
-    reader_for,
-)
+from prx_assets.core.ingest.readers import reader_for
+from prx_assets.core.ingest.sources import S3ClientFactory, SourceReader, Unit, is_absolute, normalized
 from prx_assets.errors import ConfigError, PartitionKeyError, StorageError
 
 _KEY_RE = re.compile(r"^([a-z][a-z0-9_]*)-(\d{5,})$")

@@ -30,7 +30,7 @@ from prx_assets.core.config.project import config_dir, data_root, load_sources
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover_sources, load_manifest, parse_batch_key
 from prx_assets.core.ingest.readahead import READAHEAD, BatchInputs
-from prx_assets.core.ingest.sources import reader_for
+from prx_assets.core.ingest.readers import reader_for
 
 log = logging.getLogger(__name__)
 

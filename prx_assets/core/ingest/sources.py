@@ -1,4 +1,5 @@
-"""Readers for the four source kinds: folder, s3 prefix, Parquet set, WebDataset tars.
+"""Source readers: the base class, keys, and the object-store prefix, Parquet and WebDataset readers
+(folders: :mod:`.folder`; which reader serves which kind: :mod:`.readers`).
 
 A source is listed as *units* (a file, a Parquet row group, a tar shard); ingest batches
 group units. Reading a unit yields :class:`SourceItem` objects, one per candidate image,
@@ -13,7 +14,7 @@ are (:func:`locate`). Items also carry ``uri``, where they were read from this t
 lab as lineage).
 
 Add a kind by writing a :class:`SourceReader` subclass and registering it in
-``READERS``.
+:data:`~prx_assets.core.ingest.readers.READERS`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import json
 import logging
 import os
 import posixpath
-import stat
 import tarfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -242,132 +242,6 @@ class SourceReader:
             raise SourceError(
                 f"source {self.config.name!r}: cannot list {uri}: {e} (check the bucket name, {hint})") from e
         return sorted(units, key=lambda u: u.key)
-
-
-def _entry_unit(rel: str, path: Path) -> Unit:
-    """A folder entry as a unit, stat-ed through links; a broken link (or loop) by the link itself."""
-    try:
-        st = path.stat()
-    except OSError:
-        st = path.lstat()
-    return Unit(key=rel, size=st.st_size, stamp=str(st.st_mtime_ns))
-
-
-class FolderReader(SourceReader):
-    """A local or shared-filesystem folder (recursive glob, extension filter)."""
-
-    kind = "folder"
-
-    def _root(self) -> Path:
-        root = Path(self.config.location)
-        if not root.is_dir():
-            raise ConfigError(f"folder {str(root)!r} does not exist or is not a directory",
-                              entry=f"source {self.config.name!r}",
-                              fix="create the folder, mount the share, or fix 'path' in sources.yaml")
-        return root
-
-    def list_units(self, known_files: Mapping[str, str] | None = None) -> list[Unit]:
-        root = self._root()
-        pattern = "**/*" if self.config.recursive else "*"
-        units = []
-        for p in root.glob(pattern):
-            rel = p.relative_to(root).as_posix()
-            if any(part.startswith(".") for part in rel.split("/")) or not self._wants(rel):
-                continue
-            if p.is_dir() and not p.is_symlink():
-                continue
-            units.append(_entry_unit(rel, p))
-        return sorted(units, key=lambda u: u.key)
-
-    def list_new(self, known_files: Mapping[str, str],
-                 state: Mapping[str, Any] | None) -> tuple[list[Unit], dict[str, Any] | None]:
-        """New files only, skipping every folder whose mtime did not change since ``state`` (adding
-        or removing a file changes its folder's mtime), and never stat-ing a known file: a drop
-        costs the folders it touched, not the files that exist. Symlinked folders are not followed."""
-        root = self._root()
-        previous = dict((state or {}).get("dirs", {}))
-        now = time.time_ns()
-        dirs: dict[str, list[Any]] = {}
-        units: list[Unit] = []
-        files: dict[str, os.DirEntry[str]] = {}
-        stack = [""]
-        while stack:
-            rel = stack.pop()
-            path = root / rel if rel else root
-            try:
-                mtime = path.stat().st_mtime_ns
-            except OSError:
-                continue
-            old = previous.get(rel)
-            if old is not None and old[0] == mtime:
-                subdirs = list(old[1])
-            else:
-                subdirs = []
-                with os.scandir(path) as entries:
-                    for e in entries:
-                        name = f"{rel}/{e.name}" if rel else e.name
-                        if e.name.startswith("."):
-                            continue
-                        if e.is_dir(follow_symlinks=False):
-                            subdirs.append(name)
-                        elif self._wants(name):
-                            files[name] = e
-            # a folder modified in the last second may change again within its mtime's granularity
-            dirs[rel] = [mtime if now - mtime > 1_000_000_000 else -1, subdirs]
-            if self.config.recursive:
-                stack.extend(subdirs)
-        # One lookup for the files of every changed folder (a pass over the index, not a set of
-        # every known file); only the new ones are stat-ed.
-        among = getattr(known_files, "among", None)
-        known = among(list(files)) if among is not None else {n for n in files if n in known_files}
-        for name, e in files.items():
-            if name not in known:  # links and special files too: ingest records why they are skipped
-                units.append(_entry_unit(name, Path(e.path)))
-        return sorted(units, key=lambda u: u.key), {"dirs": dirs}
-
-    def _sidecar_caption(self, path: Path) -> str | None:
-        if not self.config.caption_field:
-            return None
-        side = path.with_suffix("." + self.config.caption_field.lstrip("."))
-        try:
-            return side.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
-            return None
-
-    def read_unit(self, unit: Unit) -> Iterator[SourceItem]:
-        path = Path(self.config.location) / unit.key
-        problem = self._not_a_source_file(path)
-        if problem is not None:
-            yield SourceItem(key=unit.key, uri=str(path), error=problem, license=self.config.license)
-            return
-        yield SourceItem(key=unit.key, uri=str(path), fetch=path.read_bytes, caption=self._sidecar_caption(path),
-                         license=self.config.license)
-
-    def _not_a_source_file(self, path: Path) -> tuple[str, str] | None:
-        """Why ``path`` is not read (a reject reason and message), or ``None`` for a regular file
-        inside the source (links are resolved; one leading out of the folder is refused unless
-        ``follow_links``)."""
-        try:  # a regular file, not a link (nearly every file): one lstat, not a resolve of every component
-            if stat.S_ISREG(os.lstat(path).st_mode):
-                return None
-        except OSError:
-            pass  # named below, with the reason resolving it gives
-        try:
-            target = path.resolve(strict=True)
-        except (OSError, RuntimeError) as e:  # dangling link, link loop, vanished file
-            return "read_error", f"cannot resolve {path}: {e}"
-        if path.is_symlink() and not self.config.follow_links:
-            root = Path(self.config.location).resolve()
-            if not target.is_relative_to(root):
-                return ("outside_source", f"{path} is a link to {target}, outside the source folder {root}; "
-                        "set follow_links: true on the source to ingest what it points to")
-        if not target.is_file():
-            kind = "folder" if target.is_dir() else "FIFO, socket or device"
-            return "not_a_file", f"{path} is a {kind}, not a regular file"
-        return None
-
-    def read_uri(self, uri: str) -> bytes:
-        return Path(uri).read_bytes()
 
 
 #: Hours between full listings of an S3 prefix (between them, only keys after the last one listed).
@@ -634,15 +508,3 @@ class WebDatasetReader(SourceReader):
 
 def _str_or_none(v: Any) -> str | None:
     return None if v is None else str(v)
-
-
-READERS: dict[str, type[SourceReader]] = {
-    **{r.kind: r for r in (FolderReader, S3PrefixReader, ParquetReader, WebDatasetReader)},
-    "gcs": S3PrefixReader,  # the same reader: the store follows the URI's scheme
-}
-
-
-def reader_for(config: SourceConfig, s3_client: S3ClientFactory | None = None) -> SourceReader:
-    """The reader for a source config."""
-    return READERS[config.kind](config, s3_client=s3_client)
-

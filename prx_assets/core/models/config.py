@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prx_assets.core.config.project import config_dir, expand_env, read_yaml
+from prx_assets.core.config.project import check_fields, config_dir, expand_env, read_yaml
 from prx_assets.core.lab.schema import VECTOR_DTYPES
 from prx_assets.core.models.captions import BACKENDS, CaptionerSpec
 from prx_assets.core.models.embeddings import EmbedderSpec
@@ -133,7 +133,7 @@ def load_models(path: str | os.PathLike[str] | None = None, check_paths: bool = 
         for key in ("server_url", "served_model"):
             if isinstance(values.get(key), str):
                 values[key] = _expand(values[key], cfg_path, where)
-        spec = CaptionerSpec(**values)
+        spec = CaptionerSpec(**check_fields(CaptionerSpec, values, spath, where))
         if spec.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {spec.backend!r}", path=spath, entry=where,
                               fix=f"use one of: {', '.join(BACKENDS)}")
@@ -163,7 +163,10 @@ def load_models(path: str | os.PathLike[str] | None = None, check_paths: bool = 
                               fix=f"use only: {', '.join(sorted(_fields(EmbedderSpec)))}")
         values = dict(raw_e)
         values["model"] = _resolve_model(raw_e.get("model"), cfg_path, "embedder")
-        embedder = EmbedderSpec(**values)
+        embedder = EmbedderSpec(**check_fields(EmbedderSpec, values, spath, "embedder"))
+        if embedder.batch_size < 1:
+            raise ConfigError(f"batch_size={embedder.batch_size!r} must be >= 1", path=spath, entry="embedder",
+                              fix="use e.g. batch_size: 64")
         if embedder.vector_dtype not in VECTOR_DTYPES:
             raise ConfigError(f"unknown vector_dtype {embedder.vector_dtype!r}", path=spath, entry="embedder",
                               fix=f"use one of: {', '.join(VECTOR_DTYPES)}")
@@ -176,7 +179,7 @@ def load_models(path: str | os.PathLike[str] | None = None, check_paths: bool = 
                               entry="text_encoder", fix="write text_encoder: {model: Qwen/Qwen3-VL-2B-Instruct}")
         values = dict(raw_t)
         values["model"] = _resolve_model(raw_t.get("model"), cfg_path, "text_encoder")
-        text_encoder = TextTowerSpec(**values)
+        text_encoder = TextTowerSpec(**check_fields(TextTowerSpec, values, spath, "text_encoder"))
         if text_encoder.max_length < 1:
             raise ConfigError("text_encoder.max_length must be >= 1", path=spath, entry="text_encoder",
                               fix="use e.g. max_length: 128")

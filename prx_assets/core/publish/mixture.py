@@ -75,9 +75,10 @@ def load_mixtures(path: str | os.PathLike[str] | None = None,
                                       "proportion: 1}")
             for k in ("proportion", "repeat", "choose"):
                 v = raw_s.get(k)
-                if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
-                    raise ConfigError(f"streams[{j}].{k}={v!r}: expected a positive number", path=spath,
-                                      entry=where, fix=f"write {k}: 0.5")
+                whole = k == "choose"
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int if whole else int | float) or v <= 0):
+                    raise ConfigError(f"streams[{j}].{k}={v!r}: expected a positive {'integer' if whole else 'number'}",
+                                      path=spath, entry=where, fix=f"write {k}: {5000 if whole else 0.5}")
             recipe = raw_s.get("recipe")
             if known_recipes is not None and recipe not in known_recipes:
                 raise ConfigError(f"stream names unknown recipe {recipe!r}; known recipes: {known_recipes}",
@@ -93,7 +94,11 @@ def load_mixtures(path: str | os.PathLike[str] | None = None,
         if any(s.proportion is not None for s in streams) and any(s.proportion is None for s in streams):
             raise ConfigError("mixes proportion with repeat/choose", path=spath, entry=where,
                               fix="give every stream a proportion, or none of them")
-        out[name] = Mixture(name=name, streams=tuple(streams), epoch_size=raw.get("epoch_size"))
+        epoch = raw.get("epoch_size")
+        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1):
+            raise ConfigError(f"epoch_size={epoch!r}: expected a positive integer", path=spath, entry=where,
+                              fix="write epoch_size: 100000, or leave it out (the streams' own sizes)")
+        out[name] = Mixture(name=name, streams=tuple(streams), epoch_size=epoch)
     return out
 
 
