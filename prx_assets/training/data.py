@@ -11,7 +11,6 @@ resolution), filled in stream order.
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from prx_assets.core.enrich.decode import decode_rgb
 from prx_assets.core.manifests import MixtureSpec
 from prx_assets.core.models.text_encoder import latent_column, mask_column
 from prx_assets.loader import PrxStreamingDataset
@@ -52,16 +52,18 @@ def caption_choice(image_id: str, weights: dict[str, float], seed: int) -> str:
 def decode_to_bucket(jpeg: bytes, size: tuple[int, int]) -> np.ndarray:
     """Stored image bytes (JPEG, or PNG/WebP when stored losslessly) -> float32 CHW in [-1, 1] at
     ``size`` (resize to cover, centre crop)."""
-    with Image.open(io.BytesIO(jpeg)) as im:
-        im.draft("RGB", (size[0] * 2, size[1] * 2))  # DCT-domain downscale for large images
-        im = im.convert("RGB")
-        scale = max(size[0] / im.width, size[1] / im.height)
-        resized = im.resize((max(size[0], round(im.width * scale)), max(size[1], round(im.height * scale))),
-                            Image.Resampling.BILINEAR)
+    im = decode_rgb(jpeg, 4 * size[0] * size[1])  # never the full bitmap of a large image (JPEG: DCT-scaled)
+    scale = max(size[0] / im.width, size[1] / im.height)
+    resized = im.resize((max(size[0], round(im.width * scale)), max(size[1], round(im.height * scale))),
+                        Image.Resampling.BILINEAR)
     left = (resized.width - size[0]) // 2
     top = (resized.height - size[1]) // 2
     arr = np.asarray(resized.crop((left, top, left + size[0], top + size[1])), dtype=np.float32)
     return (arr.transpose(2, 0, 1) / 127.5) - 1.0
+
+
+#: Key of a sample that could not be decoded (with why): left out of every batch and counted.
+SKIPPED = "skipped"
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,12 @@ class MixtureDataset(PrxStreamingDataset):
             or _weights_from_sample(raw)
         key = caption_choice(raw["image_id"], weights, opts.caption_seed) if weights else None
         size = bucket_size(raw["aspect_bucket"], opts.resolution, opts.multiple)
+        try:
+            pixels = decode_to_bucket(raw["image"], size)
+        except Exception as e:  # a corrupt sample is skipped and reported, never the end of a multi-day job
+            return {"image_id": raw["image_id"], SKIPPED: f"{type(e).__name__}: {e}"}
         out: dict[str, Any] = {"image_id": raw["image_id"], "bucket": raw["aspect_bucket"],
-                               "pixels": decode_to_bucket(raw["image"], size), "caption_key": key or "",
+                               "pixels": pixels, "caption_key": key or "",
                                "caption": raw.get(key, "") if key else ""}
         if opts.tower is not None:
             if key is None or latent_column(key, opts.tower) not in raw:
@@ -134,10 +140,16 @@ def build_dataset(spec: MixtureSpec, *, batch_size: int, resolution: int, multip
                           shuffle_seed=seed, epoch_size=max(int(spec.epoch_size), min_epoch_size))
 
 
-def bucketed_batches(samples: Iterator[dict[str, Any]], batch_size: int) -> Iterator[list[dict[str, Any]]]:
-    """Group samples by bucket; yield a batch whenever a bucket holds ``batch_size`` samples."""
+def bucketed_batches(samples: Iterator[dict[str, Any]], batch_size: int,
+                     skipped: list[tuple[str, str]] | None = None) -> Iterator[list[dict[str, Any]]]:
+    """Group samples by bucket; yield a batch whenever a bucket holds ``batch_size`` samples.
+    Samples that could not be decoded are left out and appended to ``skipped`` as ``(id, why)``."""
     pending: dict[str, list[dict[str, Any]]] = {}
     for s in samples:
+        if SKIPPED in s:
+            if skipped is not None:
+                skipped.append((s["image_id"], s[SKIPPED]))
+            continue
         group = pending.setdefault(s["bucket"], [])
         group.append(s)
         if len(group) == batch_size:

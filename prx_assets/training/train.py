@@ -169,7 +169,8 @@ def train(args: TrainerArgs) -> dict[str, Any]:
         timed_samples = 0
         timed_s = 0.0
         t_last = time.perf_counter()
-        for batch in bucketed_batches(_loader(dataset, args.workers, pin_memory=cuda), args.batch_size):
+        skipped: list[tuple[str, str]] = []
+        for batch in bucketed_batches(_loader(dataset, args.workers, pin_memory=cuda), args.batch_size, skipped):
             t0 = time.perf_counter()
             pixels = torch.from_numpy(np.stack([s["pixels"] for s in batch])).to(device, non_blocking=True)
             if encoder is not None:
@@ -251,7 +252,12 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                 "model_tflops_per_second": _sig(timed_flops * world / timed_s / 1e12) if timed_s else 0.0,
                 "mixture": spec.name, "mixture_version": spec.mixture_version,
                 "checkpoint": str(ckpt) if ckpt else "", "checkpoint_sha256_16": digest or "",
+                "samples_skipped": len(skipped),
+                "skipped_examples": "; ".join(f"{i}: {why[:200]}" for i, why in skipped[:5]),
             }
+            if skipped and pipes:
+                pipes.log.warning(f"{len(skipped)} samples could not be decoded and were skipped, e.g. "
+                                  f"{skipped[0][0]}: {skipped[0][1][:300]}")
             if peak and timed_s:  # model FLOPs utilisation per device, against its dense bf16 peak
                 metrics.update(mfu=_sig(timed_flops / timed_s / 1e12 / peak), peak_tflops_per_device=peak)
             if args.record_samples:

@@ -49,3 +49,15 @@ def test_chunks_are_bounded_by_count_and_pixels() -> None:
     pixels = [10, 10, 50, 10, 200, 10, 10]
     assert list(pixel_chunks(items, pixels, count=3, budget=60)) == [["a", "b"], ["c", "d"], ["e"], ["f", "g"]]
     assert list(pixel_chunks(items, pixels, count=2, budget=10**9)) == [["a", "b"], ["c", "d"], ["e", "f"], ["g"]]
+
+
+def test_the_trainer_skips_and_counts_a_sample_it_cannot_decode() -> None:
+    from prx_assets.training.data import SKIPPED, bucketed_batches, decode_to_bucket
+
+    good = decode_to_bucket(_jpeg(640, 480), (256, 192))
+    assert good.shape == (3, 192, 256)
+    samples = [{"image_id": "a", "bucket": "4:3", "pixels": good}, {"image_id": "b", SKIPPED: "OSError: broken data"},
+               {"image_id": "c", "bucket": "4:3", "pixels": good}]
+    skipped: list[tuple[str, str]] = []
+    batches = list(bucketed_batches(iter(samples), 2, skipped))
+    assert [[s["image_id"] for s in b] for b in batches] == [["a", "c"]] and skipped == [("b", "OSError: broken data")]
