@@ -445,19 +445,51 @@ def _report_held(held: dict[str, str]) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Find (``--repair``: fix) duplicates, orphan partitions, leaked folders, stale leases and stuck runs."""
+    """Find (``--repair``: fix) duplicates, orphan partitions, leaked folders, stale leases and stuck
+    runs; with ``--verify`` also scrub the lab and every shard set against their digests."""
     from prx_assets.defs.doctor import doctor
 
-    findings = doctor(_instance(), _root(), repair=args.repair, older_than_hours=args.older_than_hours,
+    instance, root = _instance(), _root()
+    findings = doctor(instance, root, repair=args.repair, older_than_hours=args.older_than_hours,
                       quiet_minutes=args.quiet_minutes)
     for f in findings:
         print(f.line())
     left = [f for f in findings if not f.repaired]
-    if not findings:
-        print("nothing to repair: no duplicate keys, orphan partitions, leaked folders, stale leases, stuck runs or stale kept state")
+    if args.verify:
+        left += _verify(instance, root, args.repair)
+    if not findings and not left:
+        print("nothing to repair: no duplicate keys, orphan partitions, leaked folders, stale leases, stuck runs or "
+              "stale kept state" + (", and every stored image and shard matches its digest" if args.verify else ""))
     elif left:
-        print(f"{len(left)} problems found; `prx-assets doctor --repair` fixes them")
+        print(f"{len(left)} problems found; `prx-assets doctor --repair{' --verify' if args.verify else ''}` fixes "
+              "what can be fixed")
     return 1 if left else 0
+
+
+def _verify(instance: dg.DagsterInstance, root: DataRoot, repair: bool) -> list[Any]:
+    """``doctor --verify``: the scrubs of :mod:`prx_assets.defs.verify`, then (repairing) the batches
+    and shard sets taken out of use materialized again, in-process. Returns what is left unrepaired."""
+    from prx_assets.definitions import defs
+    from prx_assets.defs.staleness import latest_data_version
+    from prx_assets.defs.verify import verify
+
+    current = {r: v for r in instance.get_dynamic_partitions("recipes")
+               if (v := latest_data_version(instance, "mds_shards", r))}
+    found = verify(root, current, repair)
+    left = []
+    for kind, where, detail, repaired in found.lines:
+        print(f"{'repaired' if repaired else 'found'}: {kind} {where}: {detail}")
+        if not repaired:
+            left.append(where)
+    job = defs.resolve_implicit_global_asset_job_def()
+    again = [(dg.AssetKey("raw_images"), b) for b in sorted(found.batches)] + \
+        [(dg.AssetKey("mds_shards"), r) for r in sorted(found.recipes)]
+    for n, (key, pk) in enumerate(again, 1):
+        if _execute(job, instance, key, pk, "CRITICAL", f"[repair {n}/{len(again)}]"):
+            left.append(f"{key.to_user_string()}[{pk}]")
+    if found.batches:
+        print("the lab's rows were written again: `prx-assets run` brings what reads them up to date")
+    return left
 
 
 def cmd_partitions(args: argparse.Namespace) -> int:
@@ -840,6 +872,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         total += n
         print(f"{src.name}: {n} batch manifests rewritten with keys relative to {src.location}" if n else
               f"{src.name}: batch manifests already keyed relative to the source")
+    from prx_assets.core.lab.scrub import fill_digests
+
+    images = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
+    filled = fill_digests(images) if images is not None else 0
+    if filled:
+        print(f"images: recorded the stored bytes' sha256 of {filled} rows written before digests existed "
+              "(publishing and `prx-assets doctor --verify` check them)")
     print("image ids now hash each file's path relative to its source, so a source can be re-pointed at a new "
           "mount or prefix; the next `prx-assets run` re-ingests every batch written before once (decoding only: "
           "captions and embeddings are reused by content) and gives its images their new ids, and the subsets, "
@@ -901,6 +940,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "staging/cache folders and Dagster runs that will not end on their own")
     dr.add_argument("--repair", action="store_true", help="fix what is found (a stuck run: its processes are "
                                                           "stopped and it is marked CANCELED or FAILURE)")
+    dr.add_argument("--verify", action="store_true",
+                    help="also hash every stored image and every shard file against its recorded digest (reads "
+                         "all of them); with --repair, corrupt rows are ingested again and corrupt shard sets "
+                         "quarantined and published again")
     dr.add_argument("--quiet-minutes", type=float, default=10.0,
                     help="a CANCELING run, or one whose steps all finished, with no event this long is stuck "
                          "(default 10)")

@@ -50,3 +50,8 @@ class PartitionKeyError(PrxError):
 
 class SlurmError(PrxError):
     """A job cannot be rendered, submitted or followed."""
+
+
+class IntegrityError(PrxError):
+    """Stored bytes do not match the digest recorded for them: corrupt data that must not be
+    published or trained on. The message names what is corrupt and how to repair it."""

@@ -9,6 +9,7 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.subsets import read_subset_manifest, read_subset_table
 from prx_assets.core.lab.sql import open_pinned
 from prx_assets.core.manifests import ManifestError, ShardSetManifest
+from prx_assets.core.publish.integrity import check_shard_set
 from prx_assets.core.publish.shards import (
     LAB_CACHE_BYTES,
     SHARDS_CODE_VERSION,
@@ -157,18 +158,27 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
 
 @dg.asset_check(asset=mds_shards, partitions_def=recipe_partitions, blocking=True)
 def mds_readback(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-    """Reads the shard set back with StreamingDataset: sample count, per-shard hashes, and a
-    sample of images byte-identical to the pinned Lance version."""
+    """Hashes every shard file of every stream the set reads (its own and the base streams a delta
+    reuses) against MDS's recorded hashes, then reads the set back with StreamingDataset: sample
+    count and a sample of images byte-identical to the pinned Lance version."""
     set_id = latest_data_version(context.instance, "mds_shards", context.partition_key)
     if not set_id:
         return dg.AssetCheckResult(passed=False, description="mds_shards has no materialization")
     root = storage.root()
     manifest = read_shard_set_manifest(root, context.partition_key, set_id)
+    checks = check_shard_set(manifest)  # every shard of every stream it reads, reused base streams included
+    corrupt = [c for check in checks for c in check.corrupt]
     lab = open_pinned(manifest, root.storage_options())
-    v = verify_shard_set(manifest, lab)
+    v = verify_shard_set(manifest, lab) if not corrupt else None
+    problems = [f"{len(corrupt)} corrupt shard files: {', '.join(corrupt[:3])}; run `prx-assets doctor --verify`"] \
+        if corrupt else ([] if v is None or v.passed else
+                         [f"{v.samples}/{v.expected} samples, mismatched {v.mismatched[:5]}"])
     return dg.AssetCheckResult(
-        passed=v.passed,
-        description=None if v.passed else f"{v.samples}/{v.expected} samples, mismatched {v.mismatched[:5]}",
-        metadata={"samples": v.samples, "expected": v.expected, "checked_images": v.checked,
-                  "mismatched": dg.MetadataValue.json(v.mismatched)},
+        passed=not problems,
+        description="; ".join(problems) or None,
+        metadata={"streams": len(checks), "shards_hashed": sum(c.shards for c in checks),
+                  "bytes_hashed": sum(c.bytes for c in checks), "corrupt_shards": dg.MetadataValue.json(corrupt),
+                  "samples": v.samples if v else 0, "expected": manifest.samples,
+                  "checked_images": v.checked if v else 0,
+                  "mismatched": dg.MetadataValue.json(v.mismatched if v else [])},
     )

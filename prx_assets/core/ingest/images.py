@@ -87,6 +87,8 @@ class NormalizedImage:
     stored_format: str = "jpeg"
     q92_psnr_db: float | None = None
     lossless_reason: str | None = None
+    #: sha256 of ``jpeg``, the stored bytes: what every later read of them is checked against.
+    stored_sha256: str = ""
 
 
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -592,6 +594,7 @@ def normalize(data: bytes, settings: IngestSettings, keep_rgb: bool = False) -> 
     w, h = rgb.size
     return NormalizedImage(
         jpeg=stored.data,
+        stored_sha256=hashlib.sha256(stored.data).hexdigest(),
         stored_format=stored.fmt,
         q92_psnr_db=stored.psnr_db,
         lossless_reason=stored.lossless_reason,

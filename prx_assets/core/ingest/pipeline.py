@@ -255,6 +255,7 @@ def _finish(item: SourceItem, a: _Admitted, source: str, batch: str, fingerprint
         "original_caption": item.caption, "license": item.license,
         "extra": json.dumps(item.extra, sort_keys=True, default=str) if item.extra else None,
         "ingest_config": fingerprint, "stored_format": n.stored_format, "q92_psnr_db": n.q92_psnr_db,
+        "stored_sha256": n.stored_sha256,
         LOSSLESS_KEY: n.lossless_reason,
     }, None
 

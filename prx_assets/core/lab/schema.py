@@ -27,7 +27,8 @@ STORED_AS_IS = {"lance-encoding:compression": "none"}
 
 IMAGES_SCHEMA = pa.schema([
     pa.field("image_id", pa.string(), nullable=False,
-             metadata={"doc": "16 hex chars: blake2b-64 of source name and item URI"}),
+             metadata={"doc": "16 hex chars: blake2b-64 of the source name and the item's key relative "
+                                "to the source's location"}),
     pa.field("source", pa.string(), nullable=False),
     pa.field("batch", pa.string(), nullable=False, metadata={"doc": "ingest partition key"}),
     pa.field("uri", pa.string(), nullable=False, metadata={"doc": "where the original lives"}),
@@ -56,6 +57,9 @@ IMAGES_SCHEMA = pa.schema([
              metadata={"doc": "format of the bytes in `jpeg`: jpeg, or png/webp when stored losslessly"}),
     pa.field("q92_psnr_db", pa.float32(),
              metadata={"doc": "first-generation PSNR of the image's JPEG at the configured quality"}),
+    # Added with integrity checks (null on rows written before: `prx-assets migrate` fills it).
+    pa.field("stored_sha256", pa.string(),
+             metadata={"doc": "sha256 of the stored bytes (`jpeg`): publishing and doctor --verify check them"}),
 ])
 
 REJECTS_SCHEMA = pa.schema([

@@ -68,8 +68,9 @@ from prx_assets.core.publish.incremental import (
     samples_uri,
     uri_join,
 )
+from prx_assets.core.publish.integrity import check_shard_set
 from prx_assets.core.scratch import make_scratch, reap, release
-from prx_assets.errors import PrxError
+from prx_assets.errors import IntegrityError, PrxError
 
 SHARDS_CODE_VERSION = "shards-1"
 #: Cache bound (index and metadata, each) of the lab handle a shard set is written from: the rows
@@ -179,12 +180,14 @@ def _write_part(lab: lance.LanceDataset, ids: Ids, out: str, columns: dict[str, 
     from streaming import MDSWriter
 
     sources = [c for cs in plan["columns"].values() for c in cs]
-    lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *sources, *digest_columns(caption_columns)]))
+    checked = ["stored_sha256"] if "stored_sha256" in lab.schema.names else []
+    lab_cols = list(dict.fromkeys([*MDS_FROM_LAB.values(), *sources, *digest_columns(caption_columns), *checked]))
     digests: list[pa.Array] = []
     with MDSWriter(out=out, columns=columns, compression=settings.compression,
                    hashes=list(settings.hashes) or None, size_limit=settings.size_limit) as writer:
         for part in id_chunks(ids):
             (chunk, rows), = rows_by_ids(lab, part, lab_cols, chunk=len(part))
+            check_stored(rows, lab.version)
             samples = _caption_samples(rows, chunk, plan, lab.version)
             chunk_digests = []
             for image_id, sample in zip(chunk, samples, strict=True):
@@ -197,6 +200,24 @@ def _write_part(lab: lance.LanceDataset, ids: Ids, out: str, columns: dict[str, 
             for sample in samples:
                 writer.write(sample)
     return pa.table({"image_id": ids, "digest": pa.chunked_array(digests, pa.string())}, schema=SAMPLES_SCHEMA)
+
+
+def check_stored(rows: dict[str, dict[str, Any]], version: int) -> None:
+    """Refuse to publish stored bytes whose sha256 is not the one ingest recorded (rows written before
+    the digest existed carry none and pass; ``prx-assets migrate`` records theirs).
+
+    Raises
+    ------
+    IntegrityError
+        Naming the corrupt images and the fix.
+    """
+    bad = [i for i, r in rows.items()
+           if r.get("stored_sha256") and hashlib.sha256(r["jpeg"]).hexdigest() != r["stored_sha256"]]
+    if bad:
+        raise IntegrityError(
+            f"{len(bad)} images in lab version {version} do not match the digest recorded at ingest (e.g. "
+            f"{', '.join(bad[:5])}): their stored bytes are corrupt and are not published. Run `prx-assets doctor "
+            "--verify` to find every corrupt row and `--repair` to ingest them again from their sources")
 
 
 def subset_digests(lab: lance.LanceDataset, ids: Sequence[str] | pa.Array | pa.ChunkedArray,
@@ -279,6 +300,12 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
         reap(root.join(layout.recipe_shards_dir(recipe.name)), ".staging-*")
     if root.exists(layout.shard_set_manifest(recipe.name, set_id)):
         return read_shard_set_manifest(root, recipe.name, set_id)
+    rebuilt: dict[str, Any] = {}
+    if previous is not None:  # a corrupt stream is never reused: the set is written whole instead
+        corrupt = [c for check in check_shard_set(previous) for c in check.corrupt]
+        if corrupt:
+            rebuilt = {"not_a_delta_of": previous.shard_set_id, "corrupt_previous_shards": corrupt[:20]}
+            previous = None
     encoder = TextEncoder(settings.text_tower, device="auto") if settings.text_tower is not None else None
     if encoder is not None and not plan["columns"]:
         raise ShardError(f"recipe {recipe.name!r} has no caption columns to precompute latents for; set captions: "
@@ -347,7 +374,7 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
                                               "sidecar_columns": sorted(added_columns or {})}
                                              if delta else {}),
                    **({"optout_requests": dict(subset_manifest.optout_requests)}
-                      if subset_manifest.optout_requests else {})},
+                      if subset_manifest.optout_requests else {}), **rebuilt},
         )
         (staging / layout.SHARD_SET_MANIFEST).write_bytes(manifest.to_json())
         crash_point("shards.before_publish")
