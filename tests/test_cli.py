@@ -286,7 +286,8 @@ def _ingest_by_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: Path
 
 
 def test_run_reads_the_next_batch_ahead_and_stores_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+                                                            capsys: pytest.CaptureFixture[str],
+                                                            models_env: dict[str, str]) -> None:
     """While one batch commits and is checked (and while the command starts up), the worker
     processes decode the next batch's first images: the rows and data versions are those of a run
     without read-ahead, and each partition records how many of its images were ready."""

@@ -58,7 +58,7 @@ def _scene(rng: np.random.Generator, w: int, h: int) -> Image.Image:
     return im
 
 
-def write_drop(folder: Path, n: int, seed: int, size: tuple[int, int] = (160, 128)) -> None:
+def write_drop(folder: Path, n: int, seed: int, size: tuple[int, int] = (96, 72)) -> None:
     """``n`` distinct small JPEG and PNG files, written beside ``folder`` and moved in at once (a
     listing never sees half a drop)."""
     staging = folder.parent.parent / f".staging-{folder.name}"
@@ -75,8 +75,8 @@ def write_drop(folder: Path, n: int, seed: int, size: tuple[int, int] = (160, 12
 
 
 def _config(base: Path, tiny_models: dict[str, str]) -> Path:
-    """One folder source in batches of 2,000; one short captioner (4 new tokens, batches of 32) so
-    captioning 8,000 images stays within minutes on a CPU; one recipe and one mixture over it."""
+    """One folder source in batches of 2,000; one short captioner (2 new tokens, batches of 64, small
+    inputs) so captioning 8,000 images stays within a minute on a CPU; one recipe and one mixture."""
     config = base / "config"
     config.mkdir()
     (config / "sources.yaml").write_text(
@@ -84,10 +84,10 @@ def _config(base: Path, tiny_models: dict[str, str]) -> Path:
         f"    batch_size: {BATCH}\n  - name: big\n    kind: folder\n    path: {base / 'big'}\n    batch_size: 400\n")
     (config / "models.yaml").write_text(
         f"captioners:\n  - {{name: short, model: {tiny_models['vl']}, prompt: Caption this image., "
-        f"max_new_tokens: 4, batch_size: 32}}\nembedder: {{name: siglip, model: {tiny_models['siglip']}, "
+        f"max_new_tokens: 2, batch_size: 64, max_pixels: 4096}}\nembedder: {{name: siglip, model: {tiny_models['siglip']}, "
         f"batch_size: 64}}\ntext_encoder: {{name: qwen3, model: {tiny_models['text']}, max_length: 16}}\n")
     (config / "recipes.yaml").write_text(
-        "recipes:\n  - name: all\n    min_side: 128\n    captions: [short]\n    dedup: {exact: true}\n")
+        "recipes:\n  - name: all\n    min_side: 64\n    captions: [short]\n    dedup: {exact: true}\n")
     (config / "mixtures.yaml").write_text("mixtures:\n  - name: mix\n    streams:\n      - {recipe: all, proportion: 1.0}\n")
     return config
 
@@ -217,12 +217,12 @@ def test_real_sized_partitions_run_from_the_ui_a_backfill_and_a_sensor_to_the_en
         assert rows.asset_materialization.metadata["dagster/row_count"].value >= 3 * BATCH
         _nothing_left(instance, [r.run_id for r in runs], before)
 
-        # 3. The new-batch sensor, switched on, ingests a fourth drop by itself.
+        # 3. A fourth drop lands; the new-batch sensor, switched on, ingests it by itself.
+        write_drop(base / "drops" / "d5", BATCH, seed=5)
         sensor = {**LOCATION, "sensorName": "raw_batch_sensor"}
+        started = time.monotonic()
         assert graphql(port, START_SENSOR, {"s": sensor})["startSensor"]["__typename"] == "Sensor"
         try:
-            write_drop(base / "drops" / "d5", BATCH, seed=5)
-            started = time.monotonic()
 
             def sensor_run() -> list[dg.DagsterRun]:
                 return [r for r in instance.get_runs(filters=dg.RunsFilter(tags={"dagster/sensor_name":
