@@ -214,7 +214,9 @@ def test_real_sized_partitions_run_from_the_ui_a_backfill_and_a_sensor_to_the_en
         assert {"raw_images", "recaptions", "image_embeddings", "lance_table", "curated_subsets", "mds_shards",
                 "training_mixture", "training_run"} <= done, done
         rows = instance.fetch_materializations(dg.AssetKey("curated_subsets"), limit=1).records[0]
-        assert rows.asset_materialization.metadata["dagster/row_count"].value >= 3 * BATCH
+        # the three captioned batches (the first was only ingested), less the few exact duplicates
+        # that small random pictures happen to share
+        assert rows.asset_materialization.metadata["dagster/row_count"].value >= 0.99 * 3 * BATCH
         _nothing_left(instance, [r.run_id for r in runs], before)
 
         # 3. A fourth drop lands; the new-batch sensor, switched on, ingests it by itself.
