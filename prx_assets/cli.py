@@ -473,9 +473,10 @@ def _verify(instance: dg.DagsterInstance, root: DataRoot, repair: bool) -> list[
     from prx_assets.defs.staleness import latest_data_version
     from prx_assets.defs.verify import verify
 
-    current = {r: v for r in instance.get_dynamic_partitions("recipes")
-               if (v := latest_data_version(instance, "mds_shards", r))}
-    found = verify(root, current, repair)
+    recipes = instance.get_dynamic_partitions("recipes")
+    current = {r: v for r in recipes if (v := latest_data_version(instance, "mds_shards", r))}
+    subsets = {r: v for r in recipes if (v := latest_data_version(instance, "curated_subsets", r))}
+    found = verify(root, current, subsets, repair)
     left = []
     for kind, where, detail, repaired in found.lines:
         print(f"{'repaired' if repaired else 'found'}: {kind} {where}: {detail}")
@@ -483,6 +484,8 @@ def _verify(instance: dg.DagsterInstance, root: DataRoot, repair: bool) -> list[
             left.append(where)
     job = defs.resolve_implicit_global_asset_job_def()
     again = [(dg.AssetKey("raw_images"), b) for b in sorted(found.batches)] + \
+        ([(dg.AssetKey("lance_table"), None)] if found.batches else []) + \
+        [(dg.AssetKey("curated_subsets"), r) for r in sorted(found.subsets)] + \
         [(dg.AssetKey("mds_shards"), r) for r in sorted(found.recipes)]
     for n, (key, pk) in enumerate(again, 1):
         if _execute(job, instance, key, pk, "CRITICAL", f"[repair {n}/{len(again)}]"):

@@ -1,11 +1,14 @@
 """mds_shards: one immutable MDS shard set per recipe, verified by reading it back."""
 
 
+import json
+
 import dagster as dg
 from pydantic import Field
 
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.curate.subsets import read_subset_manifest, read_subset_table
 from prx_assets.core.lab.sql import open_pinned
 from prx_assets.core.manifests import ManifestError, ShardSetManifest
@@ -51,14 +54,20 @@ class ShardConfig(dg.Config):
                                    "default: the trainer encodes captions on the fly.")
 
 
-def shards_fingerprint_of(subset_id: str) -> str:
-    """The one formula: code version + the subset written."""
-    return digest(SHARDS_CODE_VERSION, subset_id)
+def shards_fingerprint_of(subset_id: str, recipe: Recipe) -> str:
+    """The one formula: code version + the subset written + the caption weights that pick each
+    sample's published caption (a ``caption_mix`` change keeps the subset id but changes the set;
+    recipes without one keep the fingerprint of before)."""
+    mix = [json.dumps(sorted(recipe.caption_mix))] if recipe.caption_mix else []
+    return digest(SHARDS_CODE_VERSION, subset_id, *mix)
 
 
 def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
-    """The fingerprint a run now would record: of the recipe's current subset id."""
-    return shards_fingerprint_of(ctx.data_version("curated_subsets", partition_key))
+    """The fingerprint a run now would record: of the recipe's current subset id and caption weights."""
+    recipes = ctx.cache.get("recipes")
+    if recipes is None:
+        recipes = ctx.cache["recipes"] = ctx.config().recipes()
+    return shards_fingerprint_of(ctx.data_version("curated_subsets", partition_key), recipes.get(partition_key or ""))
 
 
 register_fingerprint("mds_shards", shards_fingerprint)
@@ -151,7 +160,7 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
             "sidecar_columns": dg.MetadataValue.json(manifest.extra.get("sidecar_columns", [])),
             "previous_shard_set_id": str(manifest.extra.get("previous_shard_set_id", "")),
             **shard_set_pictures(manifest),
-            FINGERPRINT_KEY: dg.MetadataValue.text(shards_fingerprint_of(sid)),
+            FINGERPRINT_KEY: dg.MetadataValue.text(shards_fingerprint_of(sid, recipe)),
         },
     )
 

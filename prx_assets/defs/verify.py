@@ -3,7 +3,10 @@ against their digests, and with ``--repair`` take corrupt data out of use.
 
 - Lab rows whose stored bytes no longer hash to ``stored_sha256`` are deleted; their batches are
   returned so that the caller re-materializes ``raw_images`` for them (ingest writes them again
-  from the source; a file gone from its source becomes a reject row, with its reason).
+  from the source; a file gone from its source becomes a reject row, with its reason). A
+  recipe's current subset that holds one of them is pinned to a lab version whose data file is
+  corrupt: it is moved to ``curated/<recipe>/.quarantine/<subset id>`` and its recipe returned,
+  so that the caller cuts it again (the same id, pinned to the repaired version).
 - A shard set with a corrupt shard in any stream it reads is moved to
   ``mds/<recipe>/.quarantine/<set id>`` (kept as evidence, never read again); the recipes whose
   current set that was are returned so that the caller re-materializes ``mds_shards`` for them
@@ -19,8 +22,12 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.subsets import read_subset_table
 from prx_assets.core.lab.schema import IMAGES_TABLE
 from prx_assets.core.lab.scrub import scrub_images
 from prx_assets.core.lab.sql import literal
@@ -35,11 +42,13 @@ class Verified:
 
     lines: list[tuple[str, str, str, bool]] = field(default_factory=list)  # kind, where, detail, repaired
     batches: set[str] = field(default_factory=set)  # raw_images partitions to ingest again
+    subsets: set[str] = field(default_factory=set)  # curated_subsets partitions to cut again
     recipes: set[str] = field(default_factory=set)  # mds_shards partitions to publish again
 
 
-def verify_lab(root: DataRoot, repair: bool, out: Verified) -> None:
-    """Scrub the images table; with ``repair`` delete corrupt rows and note their batches."""
+def verify_lab(root: DataRoot, subsets: dict[str, str], repair: bool, out: Verified) -> None:
+    """Scrub the images table; with ``repair`` delete corrupt rows, note their batches, and take the
+    current subsets (``subsets``: recipe -> subset id) that hold them out of use."""
     ds = open_table(table_uri(root, IMAGES_TABLE), root.storage_options())
     if ds is None:
         return
@@ -52,6 +61,14 @@ def verify_lab(root: DataRoot, repair: bool, out: Verified) -> None:
             out.batches.add(batch)
             detail += "; deleted, ingested again from the source"
         out.lines.append(("corrupt_images", f"{IMAGES_TABLE}[{batch}]", detail, repair))
+    corrupt = pa.array(sorted({i for ids in report.corrupt.values() for i in ids}), pa.string())
+    for recipe, sid in sorted(subsets.items()) if repair and len(corrupt) else ():
+        held = read_subset_table(root, recipe, sid).column("image_id")
+        if pc.any(pc.is_in(held, value_set=corrupt)).as_py():
+            target = _quarantine(root, layout.subset_dir(recipe, sid), layout.CURATED_DIR, recipe, sid)
+            out.subsets.add(recipe)
+            out.lines.append(("subset_on_corrupt_data", layout.subset_dir(recipe, sid),
+                              f"pinned to a lab version holding corrupt images; moved to {target}, cut again", True))
     for frag, error in sorted(report.unreadable.items()):
         out.lines.append(("unreadable_data_file", f"{IMAGES_TABLE} fragment {frag}",
                           f"{error}; restore the file, or re-ingest the batches it holds", False))
@@ -85,9 +102,7 @@ def verify_sets(root: DataRoot, current: dict[str, str], repair: bool, out: Veri
             if root.remote:
                 detail += "; on an object store: delete or restore the set's objects, then run mds_shards again"
             else:
-                target = Path(root.join(layout.recipe_shards_dir(manifest.recipe), ".quarantine", manifest.shard_set_id))
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(root.join(where), target)
+                target = _quarantine(root, where, layout.MDS_DIR, manifest.recipe, manifest.shard_set_id)
                 (target / "QUARANTINED.json").write_text(json.dumps({"corrupt": corrupt}, indent=1))
                 detail += f"; moved to {target}"
                 if current.get(manifest.recipe) == manifest.shard_set_id:
@@ -96,9 +111,20 @@ def verify_sets(root: DataRoot, current: dict[str, str], repair: bool, out: Veri
         out.lines.append(("corrupt_shard_set", where, detail, repair and not root.remote))
 
 
-def verify(root: DataRoot, current: dict[str, str], repair: bool) -> Verified:
-    """Both scrubs (see the module's docstring)."""
+def _quarantine(root: DataRoot, rel: str, top: str, recipe: str, name: str) -> Path:
+    """Move a local folder under the data root to ``<top>/<recipe>/.quarantine/<name>`` (kept, never read)."""
+    target = Path(root.join(top, recipe, ".quarantine", name))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.move(root.join(rel), target)
+    return target
+
+
+def verify(root: DataRoot, current: dict[str, str], subsets: dict[str, str], repair: bool) -> Verified:
+    """Both scrubs (see the module's docstring); ``current`` and ``subsets``: each recipe's current
+    shard set and subset ids."""
     out = Verified()
-    verify_lab(root, repair, out)
+    verify_lab(root, subsets, repair and not root.remote, out)
     verify_sets(root, current, repair, out)
     return out
