@@ -563,8 +563,14 @@ def test_a_killed_run_leaves_its_job_to_the_next_run_which_adopts_it(trained_dem
         assert md["steps"].value == 60 and "loss_last" in md  # the adopted job's own report
         again = job.execute_in_process(instance=instance, partition_key="mix", raise_on_error=False,
                                        asset_selection=[dg.AssetKey("training_run")], run_config=run_config)
-        assert again.success  # its results are recorded: the next materialization trains anew
-        md2 = again.asset_materializations_for_node("training_run")[0].metadata
+        assert again.success  # this mixture version was trained with these settings: reported, not trained
+        md_again = again.asset_materializations_for_node("training_run")[0].metadata
+        assert md_again["reused_training"].value is True and md_again["job_id"].value == job_id
+        retrain = {"ops": {"training_run": {"config": {**run_config["ops"]["training_run"]["config"], "retrain": True}}}}
+        anew = job.execute_in_process(instance=instance, partition_key="mix", raise_on_error=False,
+                                      asset_selection=[dg.AssetKey("training_run")], run_config=retrain)
+        assert anew.success  # asked for: its results were recorded, so a new job trains
+        md2 = anew.asset_materializations_for_node("training_run")[0].metadata
         assert md2["job_id"].value != job_id and md2["adopted_job"].value is False
     out = run_command(["sacct", "-n", "-X", "-P", "--name=prx-train-mix", "-S", started, "-o", "JobID,WorkDir"])
     rows = [line.strip().split("|", 1) for line in out.stdout.splitlines() if line.strip()]
