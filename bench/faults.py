@@ -1,5 +1,6 @@
 """Peak memory of ingesting the bad-input corpus (``prx_assets.core.demo.bad_inputs``) with two
-workers, and whether every input was accounted for.
+workers, whether every input was accounted for, and the peak memory of every stage on oversized
+inputs (:mod:`bench.stage_memory`).
 
 The corpus holds two 9500 x 9500 1-bit PNGs (11 KB files that decode to 90 Mpx each) beside
 truncated, corrupt, bomb, link, FIFO, Parquet and tar cases. Each source is ingested in a child
@@ -76,8 +77,13 @@ def run() -> dict[str, Any]:
                 raise RuntimeError(f"bench.faults child {source} failed:\n{out.stderr[-3000:]}")
             per_source[source] = json.loads(out.stdout.strip().splitlines()[-1])
         outcomes = sum(v["rows"] + v["rejects"] for v in per_source.values())
+        from bench import stage_memory
+
+        stages = stage_memory.run()
         return {"inputs": len(items), "outcomes": outcomes, "accounted": outcomes == len(items),
-                "peak_gb": max(v["peak_gb"] for v in per_source.values()), "per_source": per_source}
+                "peak_gb": max(v["peak_gb"] for v in per_source.values()), "per_source": per_source,
+                "stage_peak_gb": stages["peak_gb_per_stage"], "stages_ok": stages["all_ok"],
+                "stages_under_2gb": stages["all_under_budget"], "stage_memory": stages}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -91,6 +97,9 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append(f"  {name:<10}{v['rows']:>6}{v['rejects']:>9}{v['seconds']:>10}{v['check_seconds']:>8}"
                      f"{v['peak_gb']:>13}")
     lines.append(f"  peak RSS of any ingest: {r['peak_gb']} GB (budget 2 GB with 2 workers)")
+    from bench import stage_memory
+
+    lines.append(stage_memory.format_table(r["stage_memory"]))
     return "\n".join(lines)
 
 

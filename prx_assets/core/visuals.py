@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
+from prx_assets.core.enrich.decode import decode_rgb
+
 BG = (255, 255, 255)
 FG = (40, 40, 40)
 BAR = (79, 67, 221)  # Dagster-ish violet
@@ -43,12 +45,10 @@ def contact_sheet(items: Sequence[tuple[bytes, str]], thumb: int = 128, cols: in
     for i, (data, caption) in enumerate(items):
         x, y = (i % cols) * cell_w + 4, (i // cols) * cell_h + 4
         try:
-            with Image.open(io.BytesIO(data)) as im:
-                im.draft("RGB", (thumb, thumb))
-                im = im.convert("RGB")
-                im.thumbnail((thumb, thumb))
-                sheet.paste(im, (x + (thumb - im.width) // 2, y + (thumb - im.height) // 2))
-        except OSError:
+            im = decode_rgb(data, 4 * thumb * thumb)  # never the full bitmap of a large image, no bomb warning
+            im.thumbnail((thumb, thumb))
+            sheet.paste(im, (x + (thumb - im.width) // 2, y + (thumb - im.height) // 2))
+        except (OSError, ValueError):
             draw.rectangle((x, y, x + thumb, y + thumb), outline=(200, 0, 0))
             draw.text((x + 4, y + 4), "undecodable", fill=(200, 0, 0), font=font)
         lines = textwrap.wrap(caption or "(no caption)", chars)[:caption_lines]

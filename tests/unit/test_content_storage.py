@@ -61,6 +61,24 @@ def test_a_synthetic_image_stays_jpeg_when_lossless_would_cost_too_much() -> Non
     assert st.fmt == "jpeg" and st.lossless_reason is None
 
 
+def test_stored_bytes_stay_within_their_bound_of_the_source() -> None:
+    """Noise is below the PSNR bound at q92 yet its lossless bytes would be several times the
+    already-compressed source's: it is stored as a q98 JPEG (or the configured one), never more than
+    SOURCE_MAX_GROWTH x the source, with the reason recorded; the share stored losslessly excludes it."""
+    from prx_assets.core.ingest.images import SOURCE_MAX_GROWTH, normalize
+
+    rng = np.random.default_rng(1)
+    noise = Image.fromarray(rng.integers(0, 256, (600, 800, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    noise.save(buf, "JPEG", quality=85)  # the source: noise already JPEG-compressed
+    source = buf.getvalue()
+    n = normalize(source, IngestSettings())
+    assert len(n.jpeg) <= SOURCE_MAX_GROWTH * len(source)
+    assert n.stored_format == "jpeg" and n.lossless_reason in ("lossless_oversize_q98", "lossless_oversize")
+    assert n.stored_sha256 == hashlib.sha256(n.jpeg).hexdigest()
+    assert store(prepare_rgb(source, IngestSettings()).rgb, IngestSettings()).fmt != "jpeg"  # without the bound
+
+
 def test_off_keeps_stored_bytes_and_fingerprint_as_before() -> None:
     off = IngestSettings(lossless_fallback="off")
     keys = ("jpeg_quality", "jpeg_subsampling", "max_side", "min_side", "max_aspect", "max_pixels", "aspect_buckets")

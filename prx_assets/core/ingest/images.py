@@ -318,6 +318,12 @@ def decode_own_jpeg(data: bytes, size: tuple[int, int]) -> Image.Image:
 #: A synthetic image (few colors, PSNR above the bound) is stored losslessly only while its lossless
 #: bytes are at most this many times its JPEG bytes; an image below the PSNR bound always is.
 LOSSLESS_MAX_GROWTH = 2.0
+#: Stored bytes may exceed the source's by at most this factor: an image below the PSNR bound whose
+#: lossless encoding would be larger (camera noise, already-compressed textures: 11 MB of PNG stored
+#: as 39 MB) is stored as a JPEG at :data:`FALLBACK_JPEG_QUALITY` instead when that fits, else as the
+#: configured JPEG, each with its reason recorded (``lossless_oversize_q98``, ``lossless_oversize``).
+SOURCE_MAX_GROWTH = 1.5
+FALLBACK_JPEG_QUALITY = 98
 #: PSNR reported for an encode that reproduces every pixel (MSE 0).
 EXACT_PSNR_DB = 99.0
 #: Rows compared at a time by ``psnr_db`` (bounds its extra memory on large images).
@@ -455,12 +461,13 @@ class Stored:
     lossless_reason: str | None
 
 
-def store(rgb: Image.Image, settings: IngestSettings) -> Stored:
+def store(rgb: Image.Image, settings: IngestSettings, source_bytes: int | None = None) -> Stored:
     """Content-aware storage: the JPEG at the configured quality, unless ``lossless_fallback`` is on
     and the JPEG's first-generation PSNR is below ``q92_min_psnr_db`` (``psnr``: the quality bound
     would not hold) or the image has at most ``lossless_max_colors`` colors and its lossless bytes
     are at most ``LOSSLESS_MAX_GROWTH`` times the JPEG's (``few_colors``: line art, text renders,
-    palettes, where JPEG rings around every edge).
+    palettes, where JPEG rings around every edge). With ``source_bytes`` (the original file's size),
+    the stored bytes stay within :data:`SOURCE_MAX_GROWTH` of it (see :func:`_oversize`).
 
     >>> s = store(Image.new("RGB", (64, 64), (200, 30, 30)), IngestSettings())
     >>> (s.fmt, s.lossless_reason)
@@ -479,9 +486,22 @@ def store(rgb: Image.Image, settings: IngestSettings) -> Stored:
         reason = "few_colors"
     if reason is not None:
         lossless, fmt = encode_lossless(rgb, settings.lossless_fallback)
+        limit = SOURCE_MAX_GROWTH * source_bytes if source_bytes else None
+        if limit is not None and reason == "psnr" and len(lossless) > limit:
+            return _oversize(rgb, jpeg, psnr, limit, settings)
         if reason == "psnr" or len(lossless) <= LOSSLESS_MAX_GROWTH * len(jpeg):
             return Stored(lossless, fmt, round(psnr, 3), reason)
     return Stored(jpeg, "jpeg", round(psnr, 3), None)
+
+
+def _oversize(rgb: Image.Image, jpeg: bytes, psnr: float, limit: float, settings: IngestSettings) -> Stored:
+    """An image the PSNR bound sends to lossless storage whose lossless bytes would exceed ``limit``
+    (see :data:`SOURCE_MAX_GROWTH`): a JPEG at :data:`FALLBACK_JPEG_QUALITY` (4:4:4) when it fits, else
+    the configured JPEG; ``lossless_reason`` records which and why."""
+    better = encode_jpeg(rgb, FALLBACK_JPEG_QUALITY, "4:4:4")
+    if len(better) <= limit:
+        return Stored(better, "jpeg", round(psnr, 3), f"lossless_oversize_q{FALLBACK_JPEG_QUALITY}")
+    return Stored(jpeg, "jpeg", round(psnr, 3), "lossless_oversize")
 
 
 @lru_cache(maxsize=1)
@@ -590,7 +610,7 @@ def normalize(data: bytes, settings: IngestSettings, keep_rgb: bool = False) -> 
     """
     prep = prepare_rgb(data, settings)
     rgb = prep.rgb
-    stored = store(rgb, settings)
+    stored = store(rgb, settings, source_bytes=len(data))
     w, h = rgb.size
     return NormalizedImage(
         jpeg=stored.data,

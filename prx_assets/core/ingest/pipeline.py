@@ -103,8 +103,9 @@ class IngestResult:
 
     @property
     def lossless_share(self) -> float:
-        """Share of the batch's images stored losslessly."""
-        return sum(self.lossless_reasons.values()) / self.rows if self.rows else 0.0
+        """Share of the batch's images stored losslessly (not those the size bound kept as JPEG)."""
+        lossless = sum(v for k, v in self.lossless_reasons.items() if not k.startswith("lossless_oversize"))
+        return lossless / self.rows if self.rows else 0.0
 
     def psnr_quantiles(self) -> dict[str, float]:
         """Min, 5th percentile, median and 95th percentile of the first-generation PSNR (dB)."""
