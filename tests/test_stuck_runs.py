@@ -43,7 +43,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_doctor_finds_runs_of_any_launcher_that_will_not_end(tmp_path: Path) -> None:
+def test_doctor_finds_runs_of_any_launcher_that_will_not_end(tmp_path: Path, models_env: dict) -> None:
     """Real runs through Dagster's multiprocess executor: a step process that never exits after its
     step succeeded, a termination nothing carried out, a run whose processes were killed and a run
     never started are found, each with why; repair stops the live processes (children included)

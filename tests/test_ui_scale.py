@@ -3,7 +3,7 @@ against ``dagster dev`` (webserver, daemon, code server), on ingest batches of 2
 by worker processes, finish; no process of a run survives it; Terminate cancels a running ingest.
 
 Bounds stated here are for a 2-core machine: a run of one 2,000-file batch within 300 s, the
-backfill of three batches and everything downstream within 1,200 s, the sensor's run within 300 s
+backfill of two batches and everything downstream within 1,200 s, the sensor's run within 300 s
 of the drop, a terminated run CANCELED within 30 s.
 """
 
@@ -180,12 +180,12 @@ def test_real_sized_partitions_run_from_the_ui_a_backfill_and_a_sensor_to_the_en
         print(f"one {BATCH}-file partition from the UI: {time.monotonic() - started:.0f} s")
         _nothing_left(instance, [run_id], before)
 
-        # 2. Three more drops, then a backfill of their partitions and everything downstream.
-        for i in (2, 3, 4):
+        # 2. Two more drops, then a backfill of their partitions and everything downstream.
+        for i in (2, 3):
             write_drop(base / "drops" / f"d{i}", BATCH, seed=i)
         _cli("discover", base=base)
         batches = [k for k in instance.get_dynamic_partitions("raw_batches") if k != first]
-        assert len(batches) == 3
+        assert len(batches) == 2
         captioner = instance.get_dynamic_partitions("captioners")[0]
         per_batch = [{"assetKey": {"path": [a]}, "partitions": {"ranges": [{"start": k, "end": k} for k in keys]}}
                      for a, keys in (("raw_images", batches), ("image_embeddings", batches),
@@ -209,18 +209,18 @@ def test_real_sized_partitions_run_from_the_ui_a_backfill_and_a_sensor_to_the_en
         failed = [r for r in runs if r.status != dg.DagsterRunStatus.SUCCESS]
         assert final.status.value == "COMPLETED_SUCCESS" and runs and not failed, \
             [(r.status, _failure(instance, r)) for r in failed]
-        print(f"backfill of 3 x {BATCH} files and downstream: {time.monotonic() - started:.0f} s, {len(runs)} runs")
+        print(f"backfill of 2 x {BATCH} files and downstream: {time.monotonic() - started:.0f} s, {len(runs)} runs")
         done = {k.to_user_string() for r in runs for k in (r.asset_selection or [])}
         assert {"raw_images", "recaptions", "image_embeddings", "lance_table", "curated_subsets", "mds_shards",
                 "training_mixture", "training_run"} <= done, done
         rows = instance.fetch_materializations(dg.AssetKey("curated_subsets"), limit=1).records[0]
-        # the three captioned batches (the first was only ingested), less the few exact duplicates
+        # the two captioned batches (the first was only ingested), less the few exact duplicates
         # that small random pictures happen to share
-        assert rows.asset_materialization.metadata["dagster/row_count"].value >= 0.99 * 3 * BATCH
+        assert rows.asset_materialization.metadata["dagster/row_count"].value >= 0.99 * 2 * BATCH
         _nothing_left(instance, [r.run_id for r in runs], before)
 
-        # 3. A fourth drop lands; the new-batch sensor, switched on, ingests it by itself.
-        write_drop(base / "drops" / "d5", BATCH, seed=5)
+        # 3. A third drop lands; the new-batch sensor, switched on, ingests it by itself.
+        write_drop(base / "drops" / "d4", BATCH, seed=4)
         sensor = {**LOCATION, "sensorName": "raw_batch_sensor"}
         started = time.monotonic()
         assert graphql(port, START_SENSOR, {"s": sensor})["startSensor"]["__typename"] == "Sensor"
@@ -231,7 +231,7 @@ def test_real_sized_partitions_run_from_the_ui_a_backfill_and_a_sensor_to_the_en
                                                                                  "raw_batch_sensor"}))
                         if r.is_finished]
 
-            (run,) = wait_for(sensor_run, SENSOR_S, "the sensor's ingest run of the fourth drop", every=2)
+            (run,) = wait_for(sensor_run, SENSOR_S, "the sensor's ingest run of the third drop", every=2)
             assert run.status == dg.DagsterRunStatus.SUCCESS, _failure(instance, run)
             assert run.tags["dagster/partition"] not in (first, *batches)
             print(f"sensor drop to ingested: {time.monotonic() - started:.0f} s")

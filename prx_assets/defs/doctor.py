@@ -45,6 +45,7 @@ from prx_assets.core.lab.table import open_table
 from prx_assets.core.leases import list_leases, remove_generation
 from prx_assets.core.scratch import dead_owner, release
 from prx_assets.defs.partitions import orphan_partitions
+from prx_assets.errors import ConfigError
 from prx_assets.defs.stuck_runs import HOST_TAG, PID_TAG, QUIET_MINUTES, end_run, stuck_runs
 from prx_assets.resources.storage import ProjectConfigResource
 
@@ -216,7 +217,15 @@ def check_kept_state(root: DataRoot, repair: bool, project: ProjectConfigResourc
 
 def doctor(instance: dg.DagsterInstance, root: DataRoot, repair: bool = False,
            older_than_hours: float = 6.0, quiet_minutes: float = QUIET_MINUTES) -> list[Finding]:
-    """Every check above, in order; with ``repair`` each finding is fixed as it is found."""
-    return [*check_stuck_runs(instance, repair, quiet_minutes), *check_leases(root, repair), *check_orphans(instance, root, repair),
-            *check_leaked_folders(root, older_than_hours, repair), *check_kept_state(root, repair),
+    """Every check above, in order; with ``repair`` each finding is fixed as it is found. Partitions
+    and kept state are named by model ids, which follow the models' files: when models.yaml names
+    a folder that is not there, those two are not judged (nothing is deleted) and a finding says why."""
+    try:
+        ProjectConfigResource().models()
+        by_model = [*check_orphans(instance, root, repair), *check_leaked_folders(root, older_than_hours, repair),
+                    *check_kept_state(root, repair)]
+    except ConfigError as e:
+        by_model = [*check_leaked_folders(root, older_than_hours, repair),
+                    Finding("models_unreadable", "models.yaml", f"partitions and kept state not judged: {e}")]
+    return [*check_stuck_runs(instance, repair, quiet_minutes), *check_leases(root, repair), *by_model,
             *check_duplicates(root, repair)]

@@ -13,7 +13,7 @@ import numpy as np
 from prx_assets.core.config.project import IngestSettings, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover_sources, load_manifest, parse_batch_key
-from prx_assets.core.ingest.images import prepare_rgb
+from prx_assets.core.ingest.images import SOURCE_MAX_GROWTH, prepare_rgb
 from prx_assets.core.ingest.jpeg_quality import (
     CONFIRM_MAX_PIXELS,
     CycleCurve,
@@ -291,6 +291,18 @@ def confirm_whole(report: QualityReport, rows: list[dict[str, Any]], cfg: Any, s
     return out, done, kept
 
 
+def jpeg_by_choice(rows: list[dict[str, Any]], s: IngestSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(chosen, bounded)``: the JPEG-stored rows the experiment judges, and those stored as JPEG
+    only because lossless bytes would break the size bound. With content-aware storage, a JPEG
+    whose first-generation PSNR (``q92_psnr_db``) is below the bound was not chosen: the
+    bound sent it to lossless and :data:`~prx_assets.core.ingest.images.SOURCE_MAX_GROWTH` sent it back."""
+    jpeg = [r for r in rows if (r.get("stored_format") or "jpeg") == "jpeg"]
+    if s.lossless_fallback == "off":
+        return jpeg, []
+    below = [r.get("q92_psnr_db") is not None and r["q92_psnr_db"] < s.q92_min_psnr_db for r in jpeg]
+    return [r for r, b in zip(jpeg, below) if not b], [r for r, b in zip(jpeg, below) if b]
+
+
 @dg.asset_check(asset=raw_images, partitions_def=raw_batches, blocking=True)
 def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageResource,
                     project: ProjectConfigResource, s3: S3Resource) -> dg.AssetCheckResult:
@@ -324,13 +336,14 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
     rows = [] if ds is None else ds.to_table(columns=cols, filter=where_eq("batch", key)).to_pylist()
     if not rows:
         return dg.AssetCheckResult(passed=True, metadata={"sampled": 0, "note": "no images in partition"})
-    jpeg_rows = [r for r in rows if (r.get("stored_format") or "jpeg") == "jpeg"]
-    share = 1.0 - len(jpeg_rows) / len(rows)
+    jpeg_rows, bounded = jpeg_by_choice(rows, s)
+    share = 1.0 - (len(jpeg_rows) + len(bounded)) / len(rows)
     psnrs = np.asarray([r["q92_psnr_db"] for r in rows if r.get("q92_psnr_db") is not None], dtype=np.float64)
     storage_md: dict[str, Any] = {
         "lossless_share": round(share, 4),
         "lossless_images": len(rows) - len(jpeg_rows),
         "fallback_warn_share": dg.MetadataValue.text(str(s.fallback_warn_share)),
+        "size_bound_jpeg_images": len(bounded),
     }
     if len(psnrs):
         q = np.quantile(psnrs, [0.0, 0.05, 0.5, 0.95])
@@ -342,11 +355,16 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
     warnings = [f"{share:.1%} of the partition is stored losslessly (above fallback_warn_share "
                 f"{s.fallback_warn_share}): its content is mostly line art, text or palettes, or jpeg_quality "
                 "is too low for it"] if share > s.fallback_warn_share else []
+    if bounded:
+        warnings.append(f"{len(bounded)} images below the bound are stored as JPEG because their lossless bytes "
+                        f"would exceed {SOURCE_MAX_GROWTH}x the source's (lossless_oversize: the best JPEG that fits, "
+                        "else the configured quality; ingest metadata lossless_reasons counts each)")
     if not jpeg_rows:
         return dg.AssetCheckResult(passed=not warnings, severity=dg.AssetCheckSeverity.WARN,
                                    description="; ".join(warnings) or None,
                                    metadata={"sampled": 0, **storage_md,
-                                             "note": "every image is stored losslessly: nothing to cycle"})
+                                             "note": "no image is stored as the configured JPEG by choice: "
+                                                     "nothing to cycle"})
     curves = ingest_sample(context.instance, key, s)
     if curves:
         report = QualityReport(quality=s.jpeg_quality, cycles=s.q92_cycles, min_psnr_db=s.q92_min_psnr_db,

@@ -17,7 +17,25 @@ from prx_assets.defs.doctor import HOST_TAG, PID_TAG, doctor
 from tests.unit.test_lab import build
 
 
-def test_doctor_finds_and_repairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_without_the_model_folders_judges_no_kept_state(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept curation state is named by model ids, which follow the models' files: with a model
+    folder gone, doctor says so and deletes nothing instead of failing or guessing."""
+    monkeypatch.setenv("PRX_CAPTIONER_MODEL", str(tmp_path / "moved-away"))
+    root = DataRoot(str(tmp_path / "root"))
+    kept = Path(root.join("curated/_digests/old/x.json"))
+    kept.parent.mkdir(parents=True)
+    kept.write_text("{}")
+    (tmp_path / "home").mkdir()
+    with dg.DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
+        for repair in (False, True):
+            found = doctor(instance, root, repair=repair)
+            assert [(f.kind, f.repaired) for f in found] == [("models_unreadable", False)], found
+            assert "moved-away" in found[0].detail and "does not exist" in found[0].detail
+    assert kept.exists()
+
+
+def test_doctor_finds_and_repairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, models_env: dict) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the temp folder's caches: this test's only
     leaked_cache = tmp_path / "prx-mds-cache-x"
     leaked_cache.mkdir()

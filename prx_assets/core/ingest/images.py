@@ -320,10 +320,12 @@ def decode_own_jpeg(data: bytes, size: tuple[int, int]) -> Image.Image:
 LOSSLESS_MAX_GROWTH = 2.0
 #: Stored bytes may exceed the source's by at most this factor: an image below the PSNR bound whose
 #: lossless encoding would be larger (camera noise, already-compressed textures: 11 MB of PNG stored
-#: as 39 MB) is stored as a JPEG at :data:`FALLBACK_JPEG_QUALITY` instead when that fits, else as the
+#: as 39 MB) is stored as the best JPEG of :data:`FALLBACK_QUALITIES` that fits instead, else as the
 #: configured JPEG, each with its reason recorded (``lossless_oversize_q98``, ``lossless_oversize``).
 SOURCE_MAX_GROWTH = 1.5
 FALLBACK_JPEG_QUALITY = 98
+#: Qualities tried, highest first, for an image whose lossless bytes break the size bound.
+FALLBACK_QUALITIES = (FALLBACK_JPEG_QUALITY, 95, 90, 80, 70, 50)
 #: PSNR reported for an encode that reproduces every pixel (MSE 0).
 EXACT_PSNR_DB = 99.0
 #: Rows compared at a time by ``psnr_db`` (bounds its extra memory on large images).
@@ -496,11 +498,13 @@ def store(rgb: Image.Image, settings: IngestSettings, source_bytes: int | None =
 
 def _oversize(rgb: Image.Image, jpeg: bytes, psnr: float, limit: float, settings: IngestSettings) -> Stored:
     """An image the PSNR bound sends to lossless storage whose lossless bytes would exceed ``limit``
-    (see :data:`SOURCE_MAX_GROWTH`): a JPEG at :data:`FALLBACK_JPEG_QUALITY` (4:4:4) when it fits, else
-    the configured JPEG; ``lossless_reason`` records which and why."""
-    better = encode_jpeg(rgb, FALLBACK_JPEG_QUALITY, "4:4:4")
-    if len(better) <= limit:
-        return Stored(better, "jpeg", round(psnr, 3), f"lossless_oversize_q{FALLBACK_JPEG_QUALITY}")
+    (see :data:`SOURCE_MAX_GROWTH`): the JPEG (4:4:4) at the highest of :data:`FALLBACK_QUALITIES`
+    above the configured quality that fits, else the configured JPEG; ``lossless_reason`` records
+    which (``lossless_oversize_q<quality>``, ``lossless_oversize``)."""
+    for quality in (q for q in FALLBACK_QUALITIES if q > settings.jpeg_quality):
+        better = encode_jpeg(rgb, quality, "4:4:4")
+        if len(better) <= limit:
+            return Stored(better, "jpeg", round(psnr, 3), f"lossless_oversize_q{quality}")
     return Stored(jpeg, "jpeg", round(psnr, 3), "lossless_oversize")
 
 

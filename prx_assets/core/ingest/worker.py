@@ -52,7 +52,8 @@ class Normalized:
 
 
 def normalize_item(data: bytes, settings: IngestSettings, sampled: bool, label: str) -> Normalized:
-    """Normalize one image; a sampled one stored as JPEG also runs the q92 cycles on its pixels.
+    """Normalize one image; a sampled one stored as the configured JPEG by choice (not under the
+    size bound, see :func:`~prx_assets.core.ingest.images.store`) also runs the q92 cycles on its pixels.
 
     Raises
     ------
@@ -61,7 +62,7 @@ def normalize_item(data: bytes, settings: IngestSettings, sampled: bool, label: 
     """
     begun = time.perf_counter()
     n = normalize(data, settings, keep_rgb=sampled)
-    if not (sampled and n.stored_format == "jpeg" and n.rgb is not None):
+    if not (sampled and n.stored_format == "jpeg" and n.lossless_reason is None and n.rgb is not None):
         return Normalized(dataclasses.replace(n, rgb=None), seconds=time.perf_counter() - begun)
     started = time.perf_counter()  # on the pixels just decoded: no second read, tiles only
     curve = check_curve(n.rgb, settings, label, jpeg=n.jpeg)
