@@ -45,8 +45,8 @@ from prx_assets.core.lab.table import open_table
 from prx_assets.core.leases import list_leases, remove_generation
 from prx_assets.core.scratch import dead_owner, release
 from prx_assets.defs.partitions import orphan_partitions
-from prx_assets.errors import ConfigError
 from prx_assets.defs.stuck_runs import HOST_TAG, PID_TAG, QUIET_MINUTES, end_run, stuck_runs
+from prx_assets.errors import ConfigError
 from prx_assets.resources.storage import ProjectConfigResource
 
 __all__ = ["HOST_TAG", "PID_TAG", "Finding", "doctor"]

@@ -300,7 +300,7 @@ def jpeg_by_choice(rows: list[dict[str, Any]], s: IngestSettings) -> tuple[list[
     if s.lossless_fallback == "off":
         return jpeg, []
     below = [r.get("q92_psnr_db") is not None and r["q92_psnr_db"] < s.q92_min_psnr_db for r in jpeg]
-    return [r for r, b in zip(jpeg, below) if not b], [r for r, b in zip(jpeg, below) if b]
+    return [r for r, b in zip(jpeg, below, strict=True) if not b], [r for r, b in zip(jpeg, below, strict=True) if b]
 
 
 @dg.asset_check(asset=raw_images, partitions_def=raw_batches, blocking=True)
