@@ -851,7 +851,38 @@ def cmd_optout(args: argparse.Namespace) -> int:
         n = int(pc.sum(pc.is_in(subset_ids, value_set=wanted)).as_py() or 0)
         print(f"  recipe {recipe}: {n} of them in its current subset"
               + (" -> the next `prx-assets run` republishes its shard set with a skip list" if n else ""))
+    if args.erase:
+        _erase(root, request, args.retention_hours)
     return 0
+
+
+def _erase(root: DataRoot, request: Any, retention_hours: float) -> None:
+    """Carry out an opt-out request as an erasure and print where the images were and what went."""
+    from datetime import timedelta
+
+    from prx_assets.core.curate.erase import erase
+
+    if retention_hours < 0:
+        raise PrxError(f"--retention-hours {retention_hours} must be >= 0 (0 removes every older version now)")
+    rep = erase(root, request, timedelta(hours=retention_hours))
+    print(f"erased {len(rep['image_ids'])} images in {rep['seconds']} s (report: {root.join(layout.erasure(request.request_id))})")
+    for t in rep["lab"]:
+        kept = f"; older versions keep them until {t['bytes_kept_until']}" if t["bytes_kept_until"] else ""
+        print(f"  lab {t['table']}: {t['rows_deleted']} rows deleted, {t['fragments_rewritten']} fragments rewritten, "
+              f"{t['versions_removed']} old versions removed, tags moved to the purged version: "
+              f"{', '.join(t['tags_moved']) or 'none'}{kept}")
+    for st in (st for st in rep["streams"] if st["shards_rewritten"]):
+        print(f"  stream {st['stream']}: {st['samples_blanked']} samples blanked, "
+              f"{len(st['shards_rewritten'])} of {st['shards_total']} shards rewritten")
+    for w in rep["withdrawn_sets"]:
+        print(f"  withdrawn shard set {w['recipe']}/{w['shard_set_id']} ({w['samples']} erased samples)")
+    for m in rep["mixture_specs"]:
+        runs = ", ".join(str(r["run_id"]) for r in m["training_runs"]) or "none recorded"
+        print(f"  mixture {m['mixture']} {m['version']} names a withdrawn set (refused by the loader); "
+              f"training runs on it: {runs} (checkpoints under {m['training_folder']} may have learnt from them)")
+    for i, uri in sorted(rep["sources"].items()):
+        print(f"  source file of {i}: {uri} (not ours to delete: remove it at the source)")
+    print("  next: `prx-assets run` publishes the subsets and shard sets without them")
 
 
 def path_hint() -> str | None:
@@ -967,6 +998,11 @@ def build_parser() -> argparse.ArgumentParser:
     oo.add_argument("--ids", help="file with one lab image id per line")
     oo.add_argument("--uris", help="file with one source URI per line")
     oo.add_argument("--reason", help="why (kept with the request, shown in lineage)")
+    oo.add_argument("--erase", action="store_true",
+                    help="also erase the images' bytes: lab rows and old versions, the shards that hold them "
+                         "(blanked), shard sets and mixture specs that still yield them (withdrawn)")
+    oo.add_argument("--retention-hours", type=float, default=0.0,
+                    help="with --erase: keep lab versions this recent (default 0: remove every older version now)")
     oo.set_defaults(fn=cmd_optout)
     mg = sub.add_parser("migrate", help="bring a data root written by an earlier release up to this one "
                                         "(batch manifests keyed relative to their source); idempotent")

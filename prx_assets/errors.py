@@ -55,3 +55,7 @@ class SlurmError(PrxError):
 class IntegrityError(PrxError):
     """Stored bytes do not match the digest recorded for them: corrupt data that must not be
     published or trained on. The message names what is corrupt and how to repair it."""
+
+
+class WithdrawnError(PrxError):
+    """A shard set (or a mixture spec naming one) that an erasure withdrew: it would yield erased samples."""

@@ -38,6 +38,7 @@ from prx_assets.core.manifests import (
     ShardSetManifest,
     read_mixture_spec_at,
     read_shard_set_at,
+    refuse_withdrawn,
 )
 from prx_assets.core.publish.columns import SidecarStream
 from prx_assets.core.publish.streaming_shm import streaming_registration
@@ -81,8 +82,11 @@ def gcs_downloader_picklable() -> None:
 
 
 def read_manifest(shard_set: str | ShardSetManifest) -> ShardSetManifest:
-    """A shard set's manifest from its folder or ``manifest.json`` (local or object store)."""
-    return shard_set if isinstance(shard_set, ShardSetManifest) else read_shard_set_at(shard_set)
+    """A shard set's manifest from its folder or ``manifest.json`` (local or object store); a set
+    an erasure withdrew is refused (:class:`~prx_assets.errors.WithdrawnError`)."""
+    manifest = shard_set if isinstance(shard_set, ShardSetManifest) else read_shard_set_at(shard_set)
+    refuse_withdrawn(manifest.uri)
+    return manifest
 
 
 def _skip_pairs(manifest: ShardSetManifest) -> list[tuple[int, int]]:

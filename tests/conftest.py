@@ -179,7 +179,7 @@ _TIERS = {"test_training.py": "slurm", "test_ui.py": "browser", "test_postgres.p
           "test_s3_pipeline.py": "s3", "test_concurrency.py": "s3", "test_cli.py": "pipeline",
           "test_mixture.py": "pipeline", "test_install.py": "pipeline",
           "test_identity.py": "pipeline", "test_faults.py": "pipeline", "test_ui_scale.py": "pipeline",
-          "test_stuck_runs.py": "pipeline", "test_integrity.py": "pipeline"}
+          "test_stuck_runs.py": "pipeline", "test_integrity.py": "pipeline", "test_erasure.py": "pipeline"}
 
 
 #: The longest files first (their measured share of a serial run, longest first): ``make test``

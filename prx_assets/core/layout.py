@@ -37,12 +37,16 @@ MIXTURE_DIR = "mixtures"
 TRAINING_DIR = "training"
 SLURM_DIR = "slurm"
 OPTOUT_DIR = "optout"
+#: ``erased/<request id>.json``: the ids an erasure removed (ingest refuses them) and its report.
+ERASED_DIR = "erased"
 LEASES_DIR = "leases"
 
 SUBSET_MANIFEST = "subset.json"
 SUBSET_IDS = "ids.parquet"
 SHARD_SET_MANIFEST = "manifest.json"
 MDS_INDEX = "index.json"
+#: Beside a shard set's manifest when an erasure withdrew it (the loader refuses the set).
+WITHDRAWN_FILE = "withdrawn.json"
 
 
 def table(name: str) -> str:
@@ -104,6 +108,16 @@ def shard_set_manifest(recipe: str, shard_set_id: str) -> str:
 def shard_set_staging(recipe: str, shard_set_id: str, token: str) -> str:
     """A local staging folder beside the final one (renamed into place on publish)."""
     return f"{recipe_shards_dir(recipe)}/.staging-{shard_set_id}-{token}"
+
+
+def withdrawal(recipe: str, shard_set_id: str) -> str:
+    """The withdrawal record of a shard set (see :mod:`prx_assets.core.publish.tombstone`)."""
+    return f"{shard_set_dir(recipe, shard_set_id)}/{WITHDRAWN_FILE}"
+
+
+def erasure(request_id: str) -> str:
+    """What the erasure of one opt-out request removed, and where from."""
+    return f"{ERASED_DIR}/{request_id}.json"
 
 
 def manifest_of(folder_or_manifest: str) -> str:

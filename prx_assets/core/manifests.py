@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from prx_assets.core import layout
-from prx_assets.core.config.storage import ObjectStoreSettings, read_uri
-from prx_assets.errors import PrxError
+from prx_assets.core.config.storage import DataRoot, ObjectStoreSettings, read_uri
+from prx_assets.errors import PrxError, WithdrawnError
 
 T = TypeVar("T", bound="JsonRecord")
 
@@ -227,6 +227,19 @@ def read_shard_set_at(folder_or_manifest: str, settings: ObjectStoreSettings | N
     """A shard set's manifest by its folder or ``manifest.json`` path/URI (local or object store)."""
     uri = layout.manifest_of(folder_or_manifest)
     return ShardSetManifest.from_json(read_uri(uri, settings), uri)
+
+
+def refuse_withdrawn(folder_or_manifest: str, settings: ObjectStoreSettings | None = None) -> None:
+    """Raise :class:`~prx_assets.errors.WithdrawnError` when the shard set at ``folder_or_manifest``
+    was withdrawn by an erasure (a ``withdrawn.json`` beside its manifest)."""
+    base = layout.manifest_of(folder_or_manifest).rpartition("/")[0]
+    root = DataRoot(base or "/", settings or ObjectStoreSettings.from_env())
+    if not root.exists(layout.WITHDRAWN_FILE):
+        return
+    doc = json.loads(root.read_bytes(layout.WITHDRAWN_FILE))
+    raise WithdrawnError(f"shard set {base} was withdrawn by erasure {doc.get('request_id')}: it would yield "
+                         f"{doc.get('samples')} erased samples; use a set version published after the erasure "
+                         "(`prx-assets run` publishes one) or the mixture spec written with it")
 
 
 def read_mixture_spec_at(uri: str, settings: ObjectStoreSettings | None = None) -> MixtureSpec:

@@ -74,7 +74,7 @@ def test_stored_bytes_stay_within_their_bound_of_the_source() -> None:
     source = buf.getvalue()
     n = normalize(source, IngestSettings())
     assert len(n.jpeg) <= SOURCE_MAX_GROWTH * len(source)
-    assert n.stored_format == "jpeg" and n.lossless_reason.startswith("lossless_oversize_q")
+    assert n.stored_format == "jpeg" and n.lossless_reason.startswith("lossless_oversize")
     assert n.stored_sha256 == hashlib.sha256(n.jpeg).hexdigest()
     assert store(prepare_rgb(source, IngestSettings()).rgb, IngestSettings()).fmt != "jpeg"  # without the bound
 

@@ -101,3 +101,13 @@ def load_requests(root: DataRoot) -> list[OptOutRequest]:
 def registry_version(requests: list[OptOutRequest]) -> str:
     """Identity of the set of requests (what curation applied)."""
     return hashlib.sha256(json.dumps(sorted(r.request_id for r in requests)).encode()).hexdigest()[:12]
+
+
+def erased_ids(root: DataRoot) -> frozenset[str]:
+    """Every image id an erasure removed (``erased/<request id>.json``): ingest records them as
+    ``erased`` rejects instead of storing them again. One listing and a small file per erasure."""
+    out: set[str] = set()
+    for rel in root.list(layout.ERASED_DIR):
+        if rel.endswith(".json"):
+            out.update(json.loads(root.read_bytes(rel)).get("image_ids", ()))
+    return frozenset(out)

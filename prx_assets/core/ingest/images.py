@@ -55,6 +55,7 @@ class RejectReason(str, Enum):
     OUTSIDE_SOURCE = "outside_source"  # a link out of a folder source (follow_links is off)
     UNREADABLE_UNIT = "unreadable_unit"  # a whole Parquet file / tar shard that cannot be opened
     BAD_ROW = "bad_row"  # a row whose image cell is not image bytes
+    ERASED = "erased"  # erased on a removal request (`prx-assets optout --erase`): never stored again
 
 
 class ImageRejected(PrxError):

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from prx_assets.core.config.project import IngestSettings
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.optout import erased_ids
 from prx_assets.core.faults import crash_point
 from prx_assets.core.ingest.batches import BatchManifest
 from prx_assets.core.ingest.decoder_warnings import collect, routed
@@ -344,8 +345,9 @@ def _then(items: Iterator[T], after: Callable[[], None]) -> Iterator[T]:
 class _Tally:
     """What :func:`ingest_batch` counts of a batch's outcomes as they stream into Lance."""
 
-    def __init__(self, result: IngestResult) -> None:
+    def __init__(self, result: IngestResult, erased: frozenset[str] = frozenset()) -> None:
         self.result = result
+        self.erased = erased
         self.rejects: list[dict[str, Any]] = []
         self.reasons: Counter[str] = Counter()
         self.buckets: Counter[str] = Counter()
@@ -386,6 +388,10 @@ class _Tally:
         """The rows of ``outcomes`` as record batches of ``rows_per_write``, counting every outcome."""
         rows: list[dict[str, Any]] = []
         for done, (row, rej) in enumerate(outcomes, 1):
+            if row is not None and row["image_id"] in self.erased:  # a removal request: never stored again
+                row, rej = None, {**{k: row[k] for k in ("image_id", "source", "batch", "uri", "orig_bytes")},
+                                  "reason": RejectReason.ERASED.value,
+                                  "message": "erased on request (see `prx-assets optout --erase`)"}
             self.add(row, rej)
             if row is not None:
                 rows.append(row)
@@ -446,7 +452,7 @@ def ingest_batch(manifest: BatchManifest, reader: SourceReader, root: DataRoot,
         if outcomes is None:
             outcomes = outcome_stream(manifest, reader, settings, on_drained)
         try:
-            tally = _Tally(result)
+            tally = _Tally(result, erased_ids(root))
             _write_batch(root, result, tally, tally.batches(outcomes, rows_per_write, progress))
         finally:
             close = getattr(outcomes, "close", None)
