@@ -1,4 +1,4 @@
-"""Peak memory of ingesting the bad-input corpus (``prx_assets.core.demo.bad_inputs``) with two
+"""Fault cases recovered (:mod:`bench.fault_cases`), peak memory of ingesting the bad-input corpus (``prx_assets.core.demo.bad_inputs``) with two
 workers, whether every input was accounted for, and the peak memory of every stage on oversized
 inputs (:mod:`bench.stage_memory`).
 
@@ -77,13 +77,17 @@ def run() -> dict[str, Any]:
                 raise RuntimeError(f"bench.faults child {source} failed:\n{out.stderr[-3000:]}")
             per_source[source] = json.loads(out.stdout.strip().splitlines()[-1])
         outcomes = sum(v["rows"] + v["rejects"] for v in per_source.values())
-        from bench import stage_memory
+        from bench import fault_cases, stage_memory
 
         stages = stage_memory.run()
-        return {"inputs": len(items), "outcomes": outcomes, "accounted": outcomes == len(items),
-                "peak_gb": max(v["peak_gb"] for v in per_source.values()), "per_source": per_source,
+        cases = fault_cases.run()
+        return {"cases_tried": cases["cases_tried"], "cases_recovered": cases["cases_recovered"],
+                "bytes_lost": cases["bytes_lost"], "corrupt_samples_published": cases["corrupt_samples_published"],
                 "stage_peak_gb": stages["peak_gb_per_stage"], "stages_ok": stages["all_ok"],
-                "stages_under_2gb": stages["all_under_budget"], "stage_memory": stages}
+                "stages_under_2gb": stages["all_under_budget"],
+                "inputs": len(items), "outcomes": outcomes, "accounted": outcomes == len(items),
+                "peak_gb": max(v["peak_gb"] for v in per_source.values()), "per_source": per_source,
+                "stage_memory": stages, "fault_cases": cases}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -97,9 +101,10 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append(f"  {name:<10}{v['rows']:>6}{v['rejects']:>9}{v['seconds']:>10}{v['check_seconds']:>8}"
                      f"{v['peak_gb']:>13}")
     lines.append(f"  peak RSS of any ingest: {r['peak_gb']} GB (budget 2 GB with 2 workers)")
-    from bench import stage_memory
+    from bench import fault_cases, stage_memory
 
     lines.append(stage_memory.format_table(r["stage_memory"]))
+    lines.append(fault_cases.format_table(r["fault_cases"]))
     return "\n".join(lines)
 
 

@@ -23,16 +23,12 @@ import numpy as np
 import pytest
 
 from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.faults import CRASH_POINTS
 from prx_assets.defs.doctor import check_duplicates
 from tests.helpers import write_folder_corpus
 
 REPO = Path(__file__).parents[1]
 SELECT = "*training_mixture"  # everything but the training job (its faults: test_training.py)
-#: In the order one run reaches them (each later run is killed further on).
-CRASH_POINTS = ["discover.before_index", "ingest.before_commit", "ingest.between_commits",
-                "enrich.embeddings.after_commit", "enrich.captions.after_commit", "lab.after_column",
-                "lab.before_indexes", "curate.before_manifest", "shards.before_publish", "shards.after_publish",
-                "mixture.before_spec"]
 CLI = str(Path(sys.executable).parent / "prx-assets")
 
 

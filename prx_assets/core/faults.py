@@ -14,6 +14,11 @@ import signal
 
 #: Environment variable naming the crash point to die at.
 CRASH_ENV = "PRX_CRASH_AT"
+#: Every crash point, in the order one ``prx-assets run`` reaches them (training's own are in the trainer).
+CRASH_POINTS = ("discover.before_index", "ingest.before_commit", "ingest.between_commits",
+                "enrich.embeddings.after_commit", "enrich.captions.after_commit", "lab.after_column",
+                "lab.before_indexes", "curate.before_manifest", "shards.before_publish", "shards.after_publish",
+                "mixture.before_spec")
 
 
 def crash_point(name: str, armed: str | None = None) -> None:

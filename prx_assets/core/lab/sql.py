@@ -134,4 +134,18 @@ def open_pinned(manifest: Mapping[str, Any] | Any, storage_options: dict[str, st
         raise ValueError(f"manifest {get('subset_id') or get('shard_set_id') or manifest!r} names no Lance "
                          "uri/version; it was not written by prx_assets")
     caches = {} if cache_bytes is None else {"index_cache_size_bytes": cache_bytes, "metadata_cache_size_bytes": cache_bytes}
-    return lance.dataset(uri, version=int(version), storage_options=storage_options, **caches)
+    try:
+        return lance.dataset(uri, version=int(version), storage_options=storage_options, **caches)
+    except ValueError:  # an erasure removed the version and moved its pin (see core/lab/purge.py)
+        moved = moved_pin(uri, int(version), storage_options)
+        if moved is None:
+            raise
+        return lance.dataset(uri, version=moved, storage_options=storage_options, **caches)
+
+
+def moved_pin(uri: str, version: int, storage_options: dict[str, str] | None = None) -> int | None:
+    """The version a pin of ``version`` (a ``...-v<version>`` tag, as subsets pin) now names, when an
+    erasure moved it past removed versions (:mod:`prx_assets.core.lab.purge`); ``None`` when no tag
+    pinned it."""
+    tags = lance.dataset(uri, storage_options=storage_options).tags.list()
+    return next((int(t["version"]) for name, t in tags.items() if name.endswith(f"-v{version}")), None)

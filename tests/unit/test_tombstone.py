@@ -1,0 +1,53 @@
+"""Erased samples are blanked in the shards that hold them, and only there; streams stay whole."""
+
+from pathlib import Path
+
+import numpy as np
+from streaming import MDSWriter, StreamingDataset
+
+from prx_assets.core.publish.integrity import check_stream
+from prx_assets.core.publish.tombstone import blank_stream
+from prx_assets.loader import release_shared_memory
+
+COLUMNS = {"image": "bytes", "image_id": "str", "caption": "str", "width": "int32",
+           "latent": "ndarray:float16:4,2", "meta": "json"}
+
+
+def _write(out: Path, n: int, compression: str | None) -> None:
+    with MDSWriter(out=str(out), columns=COLUMNS, compression=compression, hashes=["xxh64"], size_limit=4096) as w:
+        for i in range(n):
+            w.write({"image": bytes([i]) * 900, "image_id": f"{i:016x}", "caption": f"caption {i}", "width": 64 + i,
+                     "latent": np.full((4, 2), i, np.float16), "meta": {"i": i}})
+
+
+def _read(folder: Path) -> list[dict]:
+    ds = StreamingDataset(local=str(folder), batch_size=1, shuffle=False)
+    try:
+        return [ds[i] for i in range(ds.num_samples)]
+    finally:
+        release_shared_memory(ds)
+
+
+def test_blanking_rewrites_only_the_shards_holding_erased_samples(tmp_path: Path) -> None:
+    for compression in (None, "zstd"):
+        folder = tmp_path / f"s-{compression}"
+        _write(folder, 12, compression)
+        names = sorted(p.name for p in folder.iterdir() if p.name.startswith("shard."))
+        before = {n: (folder / n).read_bytes() for n in names}
+        gone = {f"{3:016x}", f"{4:016x}"}  # (no samples.parquet: ids read from the shards themselves)
+
+        done = blank_stream(folder, gone)
+        assert done is not None and done.positions == (3, 4) and done.shards_total > 2
+        changed = [n for n in names if (folder / n).read_bytes() != before[n]]
+        assert 1 <= len(changed) <= 2 and len(changed) == len(done.shards_rewritten)
+        assert check_stream(str(folder)).corrupt == ()  # index.json hashes follow the new files
+        samples = _read(folder)
+        assert len(samples) == 12
+        for i, s in enumerate(samples):
+            if s["image_id"] in gone:
+                assert s["image"] == b"" and s["caption"] == "" and s["width"] == 0 and s["meta"] == {}
+                assert not s["latent"].any()
+            else:
+                assert s["image"] == bytes([i]) * 900 and s["caption"] == f"caption {i}"
+        assert all(bytes([3]) * 900 not in p.read_bytes() for p in folder.iterdir() if p.is_file())
+        assert blank_stream(folder, {"ffffffffffffffff"}) is None
