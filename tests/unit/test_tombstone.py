@@ -51,3 +51,21 @@ def test_blanking_rewrites_only_the_shards_holding_erased_samples(tmp_path: Path
                 assert s["image"] == bytes([i]) * 900 and s["caption"] == f"caption {i}"
         assert all(bytes([3]) * 900 not in p.read_bytes() for p in folder.iterdir() if p.is_file())
         assert blank_stream(folder, {"ffffffffffffffff"}) is None
+
+
+def test_an_unreadable_shard_is_deleted_in_quarantine_and_refused_elsewhere(tmp_path: Path) -> None:
+    import pytest
+
+    from prx_assets.errors import PrxError
+
+    for where in ("mds/all/set", "mds/all/.quarantine/set"):
+        folder = tmp_path / where
+        _write(folder, 12, None)
+        first = folder / "shard.00000.mds"
+        first.write_bytes(b"\0" * 8)  # truncated: no sample can be read
+        if ".quarantine" in where:
+            done = blank_stream(folder, {f"{0:016x}"})
+            assert done is not None and "deleted" in done.shards_rewritten[0] and not first.exists()
+        else:
+            with pytest.raises(PrxError, match="doctor --verify --repair"):
+                blank_stream(folder, {f"{0:016x}"})

@@ -72,8 +72,13 @@ def erased_positions(folder: Path, ids: set[str]) -> list[int]:
     out, start = [], 0
     for entry in json.loads((folder / layout.MDS_INDEX).read_text())["shards"]:
         if "image_id" in entry.get("column_names", []):
-            with _shard_reader(folder, entry) as reader:
-                out += [start + i for i in range(entry["samples"]) if reader.get_item(i)["image_id"] in ids]
+            try:
+                with _shard_reader(folder, entry) as reader:
+                    out += [start + i for i in range(entry["samples"]) if reader.get_item(i)["image_id"] in ids]
+            except Exception as e:  # unreadable: it may hold one (see _drop_unreadable)
+                if ".quarantine" not in folder.parts:
+                    _drop_unreadable(folder, entry, e)
+                out += list(range(start, start + entry["samples"]))
         start += entry["samples"]
     return out
 
@@ -148,6 +153,20 @@ def rewrite_shard(folder: Path, entry: dict[str, Any], blank_at: set[int]) -> di
     return new
 
 
+def _drop_unreadable(folder: Path, entry: dict[str, Any], error: Exception) -> str:
+    """A shard holding an erased sample that cannot be read: deleted when its set is quarantined
+    (``doctor --verify --repair`` moved it aside as corrupt: nothing reads it), else refused."""
+    name = entry["raw_data"]["basename"]
+    if ".quarantine" not in folder.parts:
+        raise PrxError(f"cannot read shard {folder / name} to blank the erased samples in it ({type(error).__name__}: "
+                       f"{error}); fix: run `prx-assets doctor --verify --repair` (it quarantines corrupt shard sets), "
+                       "then erase again") from error
+    for kind in ("raw_data", "zip_data"):
+        if entry.get(kind):
+            (folder / entry[kind]["basename"]).unlink(missing_ok=True)
+    return f"{name} (unreadable, in quarantine: deleted)"
+
+
 def blank_stream(folder: Path, ids: set[str], done: dict[str, dict[str, Any]] | None = None) -> StreamErasure | None:
     """Blank the samples of ``ids`` in one stream folder; ``None`` when it holds none of them.
     ``done`` maps shard files already rewritten by this erasure (a set's merged ``index.json``
@@ -166,8 +185,11 @@ def blank_stream(folder: Path, ids: set[str], done: dict[str, dict[str, Any]] | 
             index["shards"][n] = {**done[real], **{k: {**done[real][k], "basename": entry[k]["basename"]}
                                                    for k in ("raw_data", "zip_data") if done[real].get(k)}}
         elif local:
-            index["shards"][n] = done[real] = rewrite_shard(folder, entry, local)
-            rewritten.append(entry["raw_data"]["basename"])
+            try:
+                index["shards"][n] = done[real] = rewrite_shard(folder, entry, local)
+                rewritten.append(entry["raw_data"]["basename"])
+            except Exception as e:  # a corrupt shard: it cannot be read to be blanked
+                rewritten.append(_drop_unreadable(folder, entry, e))
         start += entry["samples"]
     tmp = index_path.with_name(f".{layout.MDS_INDEX}.erase")
     tmp.write_text(json.dumps(index, sort_keys=True))
