@@ -1,5 +1,6 @@
 """Erased samples are blanked in the shards that hold them, and only there; streams stay whole."""
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -69,3 +70,25 @@ def test_an_unreadable_shard_is_deleted_in_quarantine_and_refused_elsewhere(tmp_
         else:
             with pytest.raises(PrxError, match="doctor --verify --repair"):
                 blank_stream(folder, {f"{0:016x}"})
+
+
+def test_a_merged_index_over_compressed_parts_and_an_interrupted_erasure_leave_no_copy(tmp_path: Path) -> None:
+    """A set's merged ``index.json`` names ``part-*/shard.*`` files; scratch left by an interrupted
+    erasure (decoded bytes) goes with the next one."""
+    from prx_assets.core.config.storage import DataRoot
+    from prx_assets.core.publish.shards import merge_part_indexes
+    from prx_assets.core.publish.tombstone import blank_streams
+
+    root = DataRoot(str(tmp_path / "root"))
+    folder = tmp_path / "root" / "mds" / "all" / "set"
+    _write(folder / "part-00000", 6, "zstd")
+    merge_part_indexes(folder, [folder / "part-00000"])
+    leftover = folder / ".erase-x"
+    leftover.mkdir()
+    (leftover / "shard.00000.mds").write_bytes(bytes([2]) * 900)
+    done = blank_streams(root, {f"{2:016x}"})
+    assert not leftover.exists()
+    assert {os.path.relpath(e.stream, folder) for e in done} == {".", "part-00000"}
+    assert sum(len(e.shards_rewritten) for e in done) == 1  # the shared file, once
+    assert check_stream(str(folder)).corrupt == () and check_stream(str(folder / "part-00000")).corrupt == ()
+    assert [s["image"] for s in _read(folder)][2] == b""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from prx_assets.core.publish.incremental import SAMPLES_FILE
 from prx_assets.errors import PrxError
 
 __all__ = ["StreamErasure", "blank_streams", "withdraw_sets"]
+#: Scratch folders an erasure writes beside the shards it rewrites (removed as it goes, and by the next one).
+SCRATCH_PREFIX = ".erase-"
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,21 @@ def stream_folders(root: DataRoot) -> Iterator[Path]:
     streams, staging leftovers): each folder holding an ``index.json``."""
     base = Path(root.join(layout.MDS_DIR))
     if base.is_dir():
-        yield from sorted(p.parent for p in base.rglob(layout.MDS_INDEX))
+        yield from sorted(p.parent for p in base.rglob(layout.MDS_INDEX) if not _scratch(p))
+
+
+def _scratch(path: Path) -> bool:
+    """Inside a scratch folder an erasure writes and removes (``.erase-*``)."""
+    return any(part.startswith(SCRATCH_PREFIX) for part in path.parts)
+
+
+def remove_scratch(root: DataRoot) -> int:
+    """Remove the scratch folders an interrupted erasure left (they may hold decoded erased bytes)."""
+    base = Path(root.join(layout.MDS_DIR))
+    left = sorted(p for p in base.rglob(f"{SCRATCH_PREFIX}*") if p.is_dir()) if base.is_dir() else []
+    for p in left:
+        shutil.rmtree(p, ignore_errors=True)
+    return len(left)
 
 
 def erased_positions(folder: Path, ids: set[str]) -> list[int]:
@@ -96,9 +113,10 @@ class _shard_reader:
         raw = self.entry["raw_data"]["basename"]
         where = self.folder
         if not (self.folder / raw).is_file() and self.entry.get("zip_data"):
-            self.tmp = tempfile.TemporaryDirectory(dir=self.folder, prefix=".erase-")
+            self.tmp = tempfile.TemporaryDirectory(dir=self.folder, prefix=SCRATCH_PREFIX)
             where = Path(self.tmp.name)
             data = (self.folder / self.entry["zip_data"]["basename"]).read_bytes()
+            (where / raw).parent.mkdir(parents=True, exist_ok=True)  # a merged index names part-*/shard.*
             (where / raw).write_bytes(decompress(self.entry["compression"], data))
         return reader_from_json(str(where), None, self.entry)
 
@@ -136,7 +154,7 @@ def rewrite_shard(folder: Path, entry: dict[str, Any], blank_at: set[int]) -> di
         samples = [reader.get_item(i) for i in range(entry["samples"])]
     for i in blank_at:
         samples[i] = {n: blank_value(n, e, samples[i][n]) for n, e in zip(names, encodings, strict=True)}
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".erase-") as tmp:
+    with tempfile.TemporaryDirectory(dir=folder, prefix=SCRATCH_PREFIX) as tmp:
         with MDSWriter(out=tmp, columns=dict(zip(names, encodings, strict=True)), compression=entry.get("compression"),
                        hashes=entry.get("hashes") or None, size_limit=None) as writer:
             for s in samples:
@@ -202,6 +220,7 @@ def blank_streams(root: DataRoot, ids: set[str]) -> list[StreamErasure]:
     if root.remote:
         raise PrxError(f"erasing from shard sets on an object-store root ({root.uri}) is not supported: "
                        "run the erasure against the root mounted as a folder (e.g. a shared filesystem)")
+    remove_scratch(root)
     rewritten: dict[str, dict[str, Any]] = {}
     return [e for folder in stream_folders(root) if (e := blank_stream(folder, ids, rewritten)) is not None]
 
