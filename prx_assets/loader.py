@@ -21,8 +21,6 @@ No Dagster import: this runs inside training jobs.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -31,7 +29,6 @@ from typing import Any
 
 from streaming import Stream, StreamingDataset
 
-from prx_assets.core.config.storage import read_uri
 from prx_assets.core.manifests import (
     MixtureSpec,
     MixtureStream,
@@ -89,19 +86,6 @@ def read_manifest(shard_set: str | ShardSetManifest) -> ShardSetManifest:
     return manifest
 
 
-def _skip_pairs(manifest: ShardSetManifest) -> list[tuple[int, int]]:
-    if not manifest.skip_uri:
-        return []
-    data = read_uri(manifest.skip_uri)
-    if manifest.skip_sha256 and hashlib.sha256(data).hexdigest() != manifest.skip_sha256:
-        raise ValueError(f"skip list {manifest.skip_uri} does not match the sha256 in shard set "
-                         f"{manifest.shard_set_id}'s manifest; the set was modified after publication: republish it")
-    import pyarrow.parquet as pq  # only shard sets with a skip list need it (the trainer runs without it)
-
-    t = pq.read_table(io.BytesIO(data), columns=["stream", "index"])
-    return list(zip(t.column("stream").to_pylist(), t.column("index").to_pylist(), strict=True))
-
-
 def _stream(uri: str, cache_root: str | None, n: int, sidecars: Sequence[dict[str, Any]] = (),
             **weights: Any) -> Stream:
     """One physical stream; a :class:`SidecarStream` when columns were added to it by sidecars."""
@@ -125,7 +109,7 @@ def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec
     skip: list[tuple[int, int]] = []
     live_total = 0
     for manifest, weighting in logical:
-        pairs = _skip_pairs(manifest)
+        pairs = manifest.skip_pairs()
         physical = manifest.physical_streams()
         skipped = [sum(1 for s, _ in pairs if s == i) for i in range(len(physical))]
         live = [int(p["samples"]) - skipped[i] for i, p in enumerate(physical)]

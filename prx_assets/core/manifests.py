@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -146,6 +147,20 @@ class ShardSetManifest(JsonRecord):
     extra: dict[str, Any] = field(default_factory=dict)  # lineage such as dagster_run_id
 
     _tuples: ClassVar[tuple[str, ...]] = ("captioner_ids", "streams", "digest_columns")
+
+    def skip_pairs(self) -> list[tuple[int, int]]:
+        """``(stream, sample index)`` of every sample the skip list hides, checked against
+        ``skip_sha256`` (a ValueError when the file was modified after publication)."""
+        if not self.skip_uri:
+            return []
+        data = read_uri(self.skip_uri)
+        if self.skip_sha256 and hashlib.sha256(data).hexdigest() != self.skip_sha256:
+            raise ValueError(f"skip list {self.skip_uri} does not match the sha256 in shard set "
+                             f"{self.shard_set_id}'s manifest; the set was modified after publication: republish it")
+        import pyarrow.parquet as pq  # only shard sets with a skip list need it (the trainer runs without it)
+
+        t = pq.read_table(io.BytesIO(data), columns=["stream", "index"])
+        return list(zip(t.column("stream").to_pylist(), t.column("index").to_pylist(), strict=True))
 
     def physical_streams(self) -> list[dict[str, Any]]:
         """The MDS streams to read (one, at ``uri``, for sets written before streams were listed)."""

@@ -136,10 +136,11 @@ def check_duplicates(root: DataRoot, repair: bool) -> list[Finding]:
     return out
 
 
-def check_orphans(instance: dg.DagsterInstance, root: DataRoot, repair: bool) -> list[Finding]:
+def check_orphans(instance: dg.DagsterInstance, root: DataRoot, repair: bool,
+                  project: ProjectConfigResource | None = None) -> list[Finding]:
     """Registered partitions nothing backs any more."""
     out = []
-    for name, keys in orphan_partitions(instance, ProjectConfigResource(), root).items():
+    for name, keys in orphan_partitions(instance, project or ProjectConfigResource(), root).items():
         for key, why in keys.items():
             if repair:
                 instance.delete_dynamic_partition(name, key)
@@ -220,12 +221,14 @@ def doctor(instance: dg.DagsterInstance, root: DataRoot, repair: bool = False,
     """Every check above, in order; with ``repair`` each finding is fixed as it is found. Partitions
     and kept state are named by model ids, which follow the models' files: when models.yaml names
     a folder that is not there, those two are not judged (nothing is deleted) and a finding says why."""
+    project = ProjectConfigResource()
     try:
-        ProjectConfigResource().models()
-        by_model = [*check_orphans(instance, root, repair), *check_leaked_folders(root, older_than_hours, repair),
-                    *check_kept_state(root, repair)]
+        project.models()
+        unreadable = None
     except ConfigError as e:
-        by_model = [*check_leaked_folders(root, older_than_hours, repair),
-                    Finding("models_unreadable", "models.yaml", f"partitions and kept state not judged: {e}")]
-    return [*check_stuck_runs(instance, repair, quiet_minutes), *check_leases(root, repair), *by_model,
+        unreadable = Finding("models_unreadable", "models.yaml", f"partitions and kept state not judged: {e}")
+    return [*check_stuck_runs(instance, repair, quiet_minutes), *check_leases(root, repair),
+            *(check_orphans(instance, root, repair, project) if unreadable is None else []),
+            *check_leaked_folders(root, older_than_hours, repair),
+            *(check_kept_state(root, repair, project) if unreadable is None else [unreadable]),
             *check_duplicates(root, repair)]

@@ -296,11 +296,14 @@ def jpeg_by_choice(rows: list[dict[str, Any]], s: IngestSettings) -> tuple[list[
     only because lossless bytes would break the size bound. With content-aware storage, a JPEG
     whose first-generation PSNR (``q92_psnr_db``) is below the bound was not chosen: the
     bound sent it to lossless and :data:`~prx_assets.core.ingest.images.SOURCE_MAX_GROWTH` sent it back."""
-    jpeg = [r for r in rows if (r.get("stored_format") or "jpeg") == "jpeg"]
-    if s.lossless_fallback == "off":
-        return jpeg, []
-    below = [r.get("q92_psnr_db") is not None and r["q92_psnr_db"] < s.q92_min_psnr_db for r in jpeg]
-    return [r for r, b in zip(jpeg, below, strict=True) if not b], [r for r, b in zip(jpeg, below, strict=True) if b]
+    chosen: list[dict[str, Any]] = []
+    bounded: list[dict[str, Any]] = []
+    for r in rows:
+        if (r.get("stored_format") or "jpeg") == "jpeg":
+            psnr = r.get("q92_psnr_db")
+            below = s.lossless_fallback != "off" and psnr is not None and psnr < s.q92_min_psnr_db
+            (bounded if below else chosen).append(r)
+    return chosen, bounded
 
 
 @dg.asset_check(asset=raw_images, partitions_def=raw_batches, blocking=True)

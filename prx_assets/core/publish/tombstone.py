@@ -226,10 +226,10 @@ def blank_streams(root: DataRoot, ids: set[str]) -> list[StreamErasure]:
 
 
 def _skipped(manifest: ShardSetManifest) -> set[tuple[int, int]]:
-    if not manifest.skip_uri or not Path(manifest.skip_uri).is_file():
+    try:
+        return set(manifest.skip_pairs())
+    except (OSError, ValueError):  # a skip list gone or modified hides nothing: withdraw on the streams alone
         return set()
-    t = pq.read_table(manifest.skip_uri, columns=["stream", "index"])
-    return set(zip(t.column("stream").to_pylist(), t.column("index").to_pylist(), strict=True))
 
 
 def exposed(manifest: ShardSetManifest, blanked: dict[str, set[int]]) -> int:
