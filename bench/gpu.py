@@ -102,7 +102,7 @@ TRAINER_PLAN = {
 GOALS = {"captions_8b_images_per_s": 20.0, "trainer_mfu": 0.35, "on_the_fly_overhead_pct_2b_512px": 4.0}
 #: The wheels mosaicml-streaming 0.13 needs where it is not installed (cp312 manylinux; ``make gpu-wheels``).
 WHEELS = ("mosaicml-streaming==0.13.0", "brotli==1.2.1", "zstd==1.5.6.1", "python-snappy==0.7.3",
-          "cramjam==2.14.0", "catalogue==2.0.10")
+          "cramjam==2.14.0", "catalogue==2.0.10", "pyroaring==1.2.0")
 
 
 class Budget:

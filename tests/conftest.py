@@ -186,6 +186,7 @@ _TIERS = {"test_training.py": "slurm", "test_ui.py": "browser", "test_postgres.p
 #: runs files on parallel workers (pytest-xdist, ``--dist loadfile``) and a long file started last
 #: would finish alone. Files not listed keep their order after these.
 _LONGEST_FIRST = ["test_ui_scale.py", "test_training.py", "test_faults.py", "test_cli.py", "test_identity.py", "test_ui.py",
+                  "test_loader_ranks.py",
                   "test_integrity.py", "test_erasure.py", "test_stuck_runs.py",
                   "test_postgres.py", "test_s3_pipeline.py", "test_mixture.py", "test_install.py",
                   "test_gpu_bench.py"]

@@ -148,11 +148,13 @@ class ShardSetManifest(JsonRecord):
 
     _tuples: ClassVar[tuple[str, ...]] = ("captioner_ids", "streams", "digest_columns")
 
-    def skip_pairs(self) -> list[tuple[int, int]]:
-        """``(stream, sample index)`` of every sample the skip list hides, checked against
-        ``skip_sha256`` (a ValueError when the file was modified after publication)."""
+    def skip_arrays(self) -> tuple[Any, Any]:
+        """``(streams, indices)``: numpy int64 arrays of every sample the skip list hides (stream, sample
+        index), checked against ``skip_sha256`` (a ValueError when the file was modified after publication)."""
+        import numpy as np
+
         if not self.skip_uri:
-            return []
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
         data = read_uri(self.skip_uri)
         if self.skip_sha256 and hashlib.sha256(data).hexdigest() != self.skip_sha256:
             raise ValueError(f"skip list {self.skip_uri} does not match the sha256 in shard set "
@@ -160,7 +162,13 @@ class ShardSetManifest(JsonRecord):
         import pyarrow.parquet as pq  # only shard sets with a skip list need it (the trainer runs without it)
 
         t = pq.read_table(io.BytesIO(data), columns=["stream", "index"])
-        return list(zip(t.column("stream").to_pylist(), t.column("index").to_pylist(), strict=True))
+        return (t.column("stream").to_numpy().astype(np.int64, copy=False),
+                t.column("index").to_numpy().astype(np.int64, copy=False))
+
+    def skip_pairs(self) -> list[tuple[int, int]]:
+        """``(stream, sample index)`` of every sample the skip list hides (see :meth:`skip_arrays`)."""
+        streams, indices = self.skip_arrays()
+        return list(zip(streams.tolist(), indices.tolist(), strict=True))
 
     def physical_streams(self) -> list[dict[str, Any]]:
         """The MDS streams to read (one, at ``uri``, for sets written before streams were listed)."""

@@ -157,7 +157,7 @@ def shard_set_pictures(manifest: ShardSetManifest) -> dict[str, dg.MetadataValue
         with open_shard_set(manifest, cache=cache) as sds:
             n = sds.live_samples
             step = max(1, int(sds.num_samples) // SHEET_SIZE)
-            picks = [i for i in range(0, int(sds.num_samples), step) if i not in sds.skipped_ids][:SHEET_SIZE]
+            picks = [i for i in range(0, int(sds.num_samples), step) if not sds.is_skipped(i)][:SHEET_SIZE]
             caption_key = next(iter(manifest.caption_plan.get("columns") or {}), "")
             rows = []
             for i in picks:

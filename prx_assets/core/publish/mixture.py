@@ -135,5 +135,4 @@ def streaming_kwargs(spec: MixtureSpec, cache_root: str | None = None) -> dict[s
     """
     from prx_assets.loader import resolve as resolve_streams
 
-    resolved = resolve_streams(spec=spec, cache_root=cache_root)
-    return {"streams": resolved.streams, "epoch_size": spec.epoch_size}
+    return {"streams": resolve_streams(spec=spec).streams(cache_root), "epoch_size": spec.epoch_size}

@@ -642,7 +642,7 @@ def _verify(manifest: ShardSetManifest, lab: lance.LanceDataset, sample: int, se
         rng = np.random.default_rng(seed)
         picks: list[int] = []
         for i in rng.permutation(int(sds.num_samples)):  # a sample of live indices, without listing them all
-            if int(i) not in sds.skipped_ids:
+            if not sds.is_skipped(int(i)):
                 picks.append(int(i))
             if len(picks) >= min(sample, n):
                 break
