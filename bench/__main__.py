@@ -1,7 +1,7 @@
 """Run every benchmark in this folder and print their tables.
 
 Usage: ``python -m bench [name ...] [--json]`` (names: ingest, peer, captions, served, one_load, embedder_load, lab, shards, training,
-incremental, scale, dagster_overhead, faults). Results are also written as JSON under ``bench/results/``;
+incremental, scale, dagster_overhead, faults, loader). Results are also written as JSON under ``bench/results/``;
 ``--json`` ends the output with one JSON line per benchmark.
 """
 
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("ingest", "peer", "captions", "served", "one_load", "embedder_load", "lab", "shards", "training", "incremental", "scale", "dagster_overhead", "faults")
+BENCHES = ("ingest", "peer", "captions", "served", "one_load", "embedder_load", "lab", "shards", "training", "incremental", "scale", "dagster_overhead", "faults", "loader")
 
 
 def main(argv: list[str]) -> int:

@@ -122,12 +122,15 @@ def _stream(uri: str, cache_root: str | None, n: int, sidecars: Sequence[dict[st
     return kind(local=uri, **extra, **weights)
 
 
-def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec | None = None) -> ResolvedStreams:
+def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec | None = None,
+            phase: str | None = None) -> ResolvedStreams:
     """Physical streams and skipped samples of ``shard_sets`` (all samples), or of a mixture ``spec``
-    (each logical stream's proportion / repeat / choose split over its physical streams by their
-    live sample counts)."""
+    (of its ``phase`` when it has phases; each logical stream's proportion / repeat / choose split
+    over its physical streams by their live sample counts)."""
+    chosen = spec.phase(phase) if spec is not None else None
+    mixed = chosen.streams if chosen is not None else spec.streams if spec is not None else ()
     logical: list[tuple[ShardSetManifest, MixtureStream | None]] = (
-        [(read_manifest(s.uri), s) for s in spec.streams] if spec is not None
+        [(read_manifest(s.uri), s) for s in mixed] if spec is not None
         else [(read_manifest(s), None) for s in shard_sets])
     uris: list[str] = []
     sidecars: list[Sequence[dict[str, Any]]] = []
@@ -155,7 +158,8 @@ def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec
         skip_indices.append(hidden[kept])
     return ResolvedStreams(uris=uris, sidecars=sidecars, skip_streams=np.concatenate(skip_streams or [np.zeros(0, np.int64)]),
                            skip_indices=np.concatenate(skip_indices or [np.zeros(0, np.int64)]), live=lives,
-                           weights=weights, epoch_size=spec.epoch_size if spec is not None else None)
+                           weights=weights, epoch_size=chosen.epoch_size if chosen is not None else
+                           spec.epoch_size if spec is not None else None)
 
 
 def _weight(weighting: MixtureStream | None, live: int, total: int) -> dict[str, Any]:
@@ -206,8 +210,8 @@ class PrxShardSets:
     streams, sidecar columns and skip lists.
 
     Put it first among the bases; the constructor takes ``shard_sets=[...]`` or ``spec=`` (a
-    mixture spec or its URI), ``cache_root=`` (where remote streams are cached), and passes every
-    other keyword to the dataset class::
+    mixture spec or its URI; ``phase=`` names the phase of a phased mixture), ``cache_root=``
+    (where remote streams are cached), and passes every other keyword to the dataset class::
 
         class TrainingData(PrxShardSets, StreamingProcessedDataset):
             pass
@@ -223,19 +227,24 @@ class PrxShardSets:
     live_samples: int
 
     def __init__(self, *, shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec | str | None = None,
-                 cache_root: str | None = None, **kwargs: Any) -> None:
+                 phase: str | None = None, cache_root: str | None = None, **kwargs: Any) -> None:
         if isinstance(spec, str):
             spec = read_mixture_spec_at(spec)
         if not shard_sets and spec is None:
             raise ValueError(f"{type(self).__name__} needs shard_sets=[folder or URI, ...] or spec=<mixture spec>")
         streaming_endpoint()
-        resolved = resolve(shard_sets, spec)
+        resolved = resolve(shard_sets, spec, phase)
         absolute = any("repeat" in w or "choose" in w for w in resolved.weights)
-        epoch_size = kwargs.pop("epoch_size", None) or (None if absolute else resolved.epoch_size)
+        asked = kwargs.pop("epoch_size", None)
+        epoch_size = asked or (None if absolute else resolved.epoch_size)
         skipping = bool(len(resolved.skip_indices))
         chosen = None
-        if skipping:  # weights over live samples, as absolute counts (streaming's own arithmetic)
-            chosen = live_choose(resolved.weights, resolved.live, epoch_size, int(kwargs.get("shuffle_seed", 9176)))
+        seed = int(kwargs.get("shuffle_seed", 9176))
+        if absolute and asked:  # repeat / choose streams keep their shares of an epoch of the size asked
+            shares = live_choose(resolved.weights, resolved.live, None, seed)
+            chosen = live_choose([{"proportion": max(c, 1)} for c in shares], resolved.live, asked, seed)
+        elif skipping:  # weights over live samples, as absolute counts (streaming's own arithmetic)
+            chosen = live_choose(resolved.weights, resolved.live, epoch_size, seed)
         elif epoch_size is not None:
             kwargs["epoch_size"] = epoch_size
         with streaming_registration():

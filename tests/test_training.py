@@ -6,6 +6,7 @@ SLURM cluster); the tests then exercise the sensor, failures, cancellation and s
 against it.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ import pytest
 from prx_assets.cli import main
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.demo.corpus import generate_demo_corpus
+from prx_assets.core.manifests import MixtureSpec
 from tests.helpers import dagster_dev, graphql, wait_for
 
 REPO = Path(__file__).parents[1]
@@ -186,6 +188,58 @@ def test_ddp_on_two_ranks_checkpoints_and_resumes(trained_demo: dict[str, Any], 
     assert (tmp_path / "ckpt" / "final.pt").is_file() and (tmp_path / "ckpt" / "last.pt").is_file()
     metrics, stdout = run(6)  # same folder: resumes at step 4
     assert "resumed from" in stdout and metrics["steps"] == 6 and len(metrics["loss_curve"]) == 2
+
+
+def _phased_spec(spec_uri: str, out: Path) -> str:
+    """The demo's mixture as two phases: 3 steps at 16 px over both sets, then the catalog alone at 32 px."""
+    from prx_assets.core.manifests import read_shard_set_at
+    from prx_assets.core.publish.mixture import Phase, StreamSpec, load_mixtures, resolve
+
+    spec = MixtureSpec.from_json(Path(spec_uri).read_bytes())
+    base = load_mixtures()["mix"]
+    mix = dataclasses.replace(base, phases=(Phase(name="low", steps=3, resolution=16, streams=base.streams),
+                                            Phase(name="high", steps=3, resolution=32,
+                                                  streams=(StreamSpec(recipe="catalog", proportion=1.0),))))
+    uris = {s.recipe: s.uri for s in spec.streams}
+    phased = resolve(mix, lambda recipe: read_shard_set_at(uris[recipe]))
+    out.write_bytes(phased.to_json())
+    return str(out)
+
+
+def test_phases_switch_at_the_same_step_on_every_rank_and_resume_in_their_phase(
+        trained_demo: dict[str, Any], tmp_path: Path) -> None:
+    from tests.helpers import free_port
+
+    spec = _phased_spec(trained_demo["spec_uri"], tmp_path / "phased.json")
+
+    def run(steps: int) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "prx_assets.training.train",
+             "--spec", spec, "--steps", str(steps), "--workers", "0", "--batch-size", "2", "--dim", "64",
+             "--depth", "2", "--text-encoder", trained_demo["models"]["text"], "--checkpoint-dir",
+             str(tmp_path / "ckpt"), "--metrics-json", str(tmp_path / "m.json")],
+            capture_output=True, text=True, timeout=300, check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads((tmp_path / "m.json").read_text())
+
+    first = run(4)  # all of "low", one step of "high"
+    assert first["phase_starts_by_rank"] == {"low": [0, 0], "high": [3, 3]}
+    assert [(p["name"], p["first_step"], p["stop_step"], p["resolution"]) for p in first["phases"]] == \
+        [("low", 0, 3, 16), ("high", 3, 4, 32)]
+    low, high = (first["phase_first_batch_hw"][k] for k in ("low", "high"))
+    assert low[0] * low[1] < high[0] * high[1]  # each phase trains at its own resolution
+    state = torch_load(tmp_path / "ckpt" / "last.pt")
+    assert state["step"] == 4 and state["position"]["phase"] == "high" and state["position"]["samples"] > 0
+    resumed = run(6)  # resumes at step 4: in "high", at the position the checkpoint holds
+    assert resumed["phase_starts_by_rank"] == {"high": [4, 4]} and resumed["steps"] == 6
+    assert len(resumed["loss_curve"]) == 2
+
+
+def torch_load(path: Path) -> dict[str, Any]:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 # ------------------------------------------------------------------------------ on SLURM

@@ -92,8 +92,12 @@ def mixture_lineage(root: DataRoot, spec: MixtureSpec) -> dict[str, Any]:
         streams.append({"recipe": s.recipe, "weighting": weighting,
                         "expected_per_epoch": spec.expected_samples_per_stream.get(s.recipe),
                         "shard_set": shard_set_lineage(root, read_shard_set(s.uri, root))})
+    phases = [{"name": p.name, "steps": p.steps, "resolution": p.resolution, "epoch_size": p.epoch_size,
+               "streams": [{"recipe": s.recipe, "shard_set_id": s.shard_set_id, "weighting": s.weighting(),
+                            "expected_per_epoch": p.expected_samples_per_stream.get(s.recipe)} for s in p.streams]}
+              for p in spec.phases]
     return {"name": spec.name, "mixture_version": spec.mixture_version, "epoch_size": spec.epoch_size,
-            "streams": streams}
+            "streams": streams, **({"phases": phases} if phases else {})}
 
 
 def render(lineage: dict[str, Any]) -> str:
@@ -134,6 +138,10 @@ def render(lineage: dict[str, Any]) -> str:
 
     def mixture(mx: dict[str, Any], ind: str) -> None:
         lines.append(f"{ind}mixture {mx['name']} version {mx['mixture_version']} (epoch {mx['epoch_size']} samples)")
+        for p in mx.get("phases") or []:
+            lines.append(f"{ind}  phase {p['name']}: {p['steps']} steps at resolution {p['resolution'] or 'default'}, "
+                         f"epoch {p['epoch_size']}: " + ", ".join(
+                             f"{s['recipe']} {s['weighting']} ({s['shard_set_id']})" for s in p["streams"]))
         for s in mx["streams"]:
             lines.append(f"{ind}  stream {s['recipe']} {s['weighting'] or 'all samples'}, "
                          f"{s['expected_per_epoch']} per epoch")

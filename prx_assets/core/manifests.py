@@ -211,6 +211,30 @@ class MixtureStream(JsonRecord):
 
 
 @dataclass(frozen=True)
+class MixturePhase(JsonRecord):
+    """One phase of a phased mixture: its streams and weights, image resolution and step count."""
+
+    name: str
+    steps: int
+    epoch_size: int
+    streams: tuple[MixtureStream, ...]
+    expected_samples_per_stream: dict[str, int]
+    resolution: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], where: str = "") -> MixturePhase:
+        """Build from a parsed document (streams become :class:`MixtureStream`)."""
+        streams = tuple(MixtureStream.from_dict(s, f"{where} stream {i}") for i, s in enumerate(doc.get("streams", [])))
+        base = super().from_dict({**doc, "streams": []}, where)
+        return dataclasses.replace(base, streams=streams)
+
+    def identity(self) -> dict[str, Any]:
+        """What the trainer reads in this phase (streams by content id, not location)."""
+        return {**self.to_dict(), "streams": [s.identity() for s in self.streams]}
+
+
+@dataclass(frozen=True)
 class MixtureSpec(JsonRecord):
     """What the trainer streams: shard sets with weights, the epoch size and the expected samples per stream.
 
@@ -224,22 +248,40 @@ class MixtureSpec(JsonRecord):
     streams: tuple[MixtureStream, ...]
     expected_samples_per_stream: dict[str, int]
     mixture_version: str = ""
+    #: A phased mixture's phases, in training order (``streams`` then lists every stream of any
+    #: phase, for lineage); empty for a mixture of one phase.
+    phases: tuple[MixturePhase, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], where: str = "") -> MixtureSpec:
-        """Build from a parsed document (streams become :class:`MixtureStream`)."""
+        """Build from a parsed document (streams and phases become records)."""
         streams = tuple(MixtureStream.from_dict(s, f"{where} stream {i}") for i, s in enumerate(doc.get("streams", [])))
-        base = super().from_dict({**doc, "streams": []}, where)
-        return dataclasses.replace(base, streams=streams)
+        phases = tuple(MixturePhase.from_dict(p, f"{where} phase {i}") for i, p in enumerate(doc.get("phases") or []))
+        base = super().from_dict({**doc, "streams": [], "phases": []}, where)
+        return dataclasses.replace(base, streams=streams, phases=phases)
 
     def content_version(self) -> str:
-        """The hash of the spec's content (streams' identities, not their locations): what
-        ``mixture_version`` must equal."""
+        """The hash of the spec's content (streams' identities, not their locations; the phases'
+        streams, weights, resolutions and steps): what ``mixture_version`` must equal."""
         doc = {**self.extra, "name": self.name, "epoch_size": self.epoch_size,
                "expected_samples_per_stream": self.expected_samples_per_stream,
                "streams": [s.identity() for s in self.streams]}
+        if self.phases:
+            doc["phases"] = [p.identity() for p in self.phases]
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def phase(self, name: str | None) -> MixturePhase | None:
+        """The phase called ``name`` (``None``: none asked for); a phased spec read without naming a
+        phase, or a name it does not have, is refused with the names it has."""
+        names = [p.name for p in self.phases]
+        if name is None and not self.phases:
+            return None
+        match = next((p for p in self.phases if p.name == name), None)
+        if match is None:
+            raise ValueError(f"mixture {self.name} v{self.mixture_version} has phases {names}; "
+                             f"{'pass phase=<name>' if name is None else f'it has no phase {name!r}'}: one of {names}")
+        return match
 
     def versioned(self) -> MixtureSpec:
         """This spec with ``mixture_version`` set from its content."""

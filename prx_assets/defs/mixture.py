@@ -5,7 +5,7 @@ import dagster as dg
 
 from prx_assets.core import layout
 from prx_assets.core.faults import crash_point
-from prx_assets.core.manifests import ShardSetManifest
+from prx_assets.core.manifests import MixtureSpec, ShardSetManifest
 from prx_assets.core.publish.mixture import resolve
 from prx_assets.core.publish.shards import read_shard_set_manifest
 from prx_assets.defs.partitions import mixture_partitions
@@ -39,6 +39,19 @@ def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> s
 register_fingerprint("training_mixture", mixture_fingerprint)
 
 
+def streams_table(spec: MixtureSpec) -> str:
+    """The spec's streams as a Markdown table (per phase, in training order, for a phased mixture)."""
+    if not spec.phases:
+        return "\n".join(["| stream | shard set | samples | weighting | expected per epoch |", "|---|---|---|---|---|"] +
+                         [f"| {s.recipe} | {s.shard_set_id} | {s.samples} | {s.weighting()} | "
+                          f"{spec.expected_samples_per_stream[s.recipe]} |" for s in spec.streams])
+    head = ["| phase | steps | resolution | stream | shard set | samples | weighting | expected per epoch |",
+            "|---|---|---|---|---|---|---|---|"]
+    return "\n".join(head + [f"| {p.name} | {p.steps} | {p.resolution or 'trainer default'} | {s.recipe} | "
+                             f"{s.shard_set_id} | {s.samples} | {s.weighting()} | "
+                             f"{p.expected_samples_per_stream[s.recipe]} |" for p in spec.phases for s in p.streams])
+
+
 @dg.asset(
     partitions_def=mixture_partitions,
     deps=[dg.AssetDep(mds_shards, partition_mapping=dg.AllPartitionMapping())],
@@ -63,9 +76,7 @@ def training_mixture(context: dg.AssetExecutionContext, storage: StorageResource
     rel = layout.mixture_spec(mix.name, spec.mixture_version)
     crash_point("mixture.before_spec")
     root.write_bytes(rel, spec.to_json())
-    table = "\n".join(["| stream | shard set | samples | weighting | expected per epoch |", "|---|---|---|---|---|"] +
-                      [f"| {s.recipe} | {s.shard_set_id} | {s.samples} | {s.weighting()} | "
-                       f"{spec.expected_samples_per_stream[s.recipe]} |" for s in spec.streams])
+    table = streams_table(spec)
     return dg.MaterializeResult(
         data_version=dg.DataVersion(spec.mixture_version),
         metadata={
@@ -74,6 +85,9 @@ def training_mixture(context: dg.AssetExecutionContext, storage: StorageResource
             "epoch_size": spec.epoch_size,
             "streams": dg.MetadataValue.md(table),
             "expected_samples_per_stream": dg.MetadataValue.json(spec.expected_samples_per_stream),
+            **({"phases": dg.MetadataValue.json([{"name": p.name, "steps": p.steps, "resolution": p.resolution,
+                                                   "epoch_size": p.epoch_size} for p in spec.phases])}
+               if spec.phases else {}),
             FINGERPRINT_KEY: dg.MetadataValue.text(mixture_fingerprint(
                 FingerprintContext(root=root, sources=None, instance=context.instance, project=project),
                 context.partition_key)),

@@ -125,6 +125,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
         peak_tflops=config.peak_tflops,
         text_encoder=None if config.precomputed_latents else tower.model).to_argv()
     context.log.info(f"trainer: python -m {TRAINER_MODULE} {shlex.join(args)}")
+    _say_phases(context, spec_uri, config.steps)
     # The work: this mixture version with these trainer settings. A job for it that a killed run left
     # behind is adopted (followed, its results read) rather than trained a second time.
     settings = {k: v for k, v in config.model_dump().items() if k not in NOT_WORK}
@@ -239,3 +240,18 @@ def training_sensor(context: dg.SensorEvaluationContext, project: ProjectConfigR
                                       tags={"prx/mixture_version": version, "prx/stage": "train"}))
     return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor),
                            skip_reason=None if requests else dg.SkipReason("no new shard set or mixture version"))
+
+
+def _say_phases(context: dg.AssetExecutionContext, spec_uri: str, steps: int) -> None:
+    """Log the phases a phased mixture's run trains, and warn when ``steps`` ends it inside one."""
+    from prx_assets.core.manifests import read_mixture_spec_at
+
+    spec = read_mixture_spec_at(spec_uri)
+    if not spec.phases:
+        return
+    total = sum(p.steps for p in spec.phases)
+    context.log.info("phases: " + ", ".join(f"{p.name} ({p.steps} steps, resolution {p.resolution or 'default'})"
+                                            for p in spec.phases))
+    if steps < total:
+        context.log.warning(f"steps={steps} ends the run before the mixture's phases end ({total} steps): set "
+                            f"steps: {total} in the run config to train every phase")

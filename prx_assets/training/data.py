@@ -125,8 +125,9 @@ def caption_plans(spec: MixtureSpec) -> tuple[dict[str, float], ...]:
 
 def build_dataset(spec: MixtureSpec, *, batch_size: int, resolution: int, multiple: int, seed: int,
                   caption_seed: int, tower: str | None, cache_root: str | None = None,
-                  shuffle: bool = True, min_epoch_size: int = 0) -> MixtureDataset:
-    """A :class:`MixtureDataset` over the spec's streams (local folders or ``s3://``).
+                  shuffle: bool = True, min_epoch_size: int = 0, phase: str | None = None) -> MixtureDataset:
+    """A :class:`MixtureDataset` over the spec's streams (local folders or ``s3://``), or over its
+    ``phase``'s streams for a phased spec.
 
     ``min_epoch_size`` stretches the epoch (the streams' proportions are kept) so a run of a
     fixed number of steps never crosses an epoch boundary: ``StreamingDataset`` starts each
@@ -136,8 +137,10 @@ def build_dataset(spec: MixtureSpec, *, batch_size: int, resolution: int, multip
     """
     options = SampleOptions(resolution=resolution, multiple=multiple, caption_plans=caption_plans(spec),
                             caption_seed=caption_seed, tower=tower)
-    return MixtureDataset(options=options, spec=spec, cache_root=cache_root, batch_size=batch_size, shuffle=shuffle,
-                          shuffle_seed=seed, epoch_size=max(int(spec.epoch_size), min_epoch_size))
+    chosen = spec.phase(phase)
+    epoch = int(chosen.epoch_size if chosen is not None else spec.epoch_size)
+    return MixtureDataset(options=options, spec=spec, phase=phase, cache_root=cache_root, batch_size=batch_size,
+                          shuffle=shuffle, shuffle_seed=seed, epoch_size=max(epoch, min_epoch_size))
 
 
 def bucketed_batches(samples: Iterator[dict[str, Any]], batch_size: int,
@@ -158,5 +161,5 @@ def bucketed_batches(samples: Iterator[dict[str, Any]], batch_size: int,
 
 
 def collate_one(batch: list[dict[str, Any]]) -> dict[str, Any]:
-    """DataLoader collate for ``batch_size=None`` (samples pass through; module-level for spawn)."""
+    """DataLoader collate: the batch's samples as a list (module-level for spawn)."""
     return batch  # type: ignore[return-value]

@@ -26,6 +26,7 @@ from typing import Any
 
 from prx_assets.core.manifests import MixtureSpec
 from prx_assets.training.args import TrainerArgs
+from prx_assets.training.phases import Position, Window, phase_batches, schedule
 
 LOSS_WINDOW = 5
 
@@ -79,20 +80,22 @@ def _pipes(rank: int) -> Any:
 
 
 def _loader(dataset: Any, workers: int, pin_memory: bool = False) -> Iterator[dict[str, Any]]:
+    """The dataset's samples through a DataLoader in batches of its ``batch_size`` (the order
+    streaming's ``state_dict`` counts in), epoch after epoch until the caller stops."""
     from torch.utils.data import DataLoader
 
     from prx_assets.training.data import collate_one
 
-    kw: dict[str, Any] = {"batch_size": None, "num_workers": workers, "collate_fn": collate_one,
+    kw: dict[str, Any] = {"batch_size": dataset.batch_size, "num_workers": workers, "collate_fn": collate_one,
                           "pin_memory": pin_memory}
     if workers:
         kw.update(multiprocessing_context="spawn", persistent_workers=True)
     loader = DataLoader(dataset, **kw)
     while True:  # epochs until the step budget is spent
         got = False
-        for sample in loader:
+        for batch in loader:
             got = True
-            yield sample
+            yield from batch
         if not got:
             raise RuntimeError("the mixture yielded no samples; check the spec's shard sets")
 
@@ -146,22 +149,42 @@ def train(args: TrainerArgs) -> dict[str, Any]:
         if cache_root is None and any(s.uri.startswith(("s3://", "gs://")) for s in spec.streams):
             cache_root = tempfile.mkdtemp(prefix="prx-train-cache-")  # per run: shard sets never share a cache
             stack.callback(shutil.rmtree, cache_root, True)
-        dataset = build_dataset(spec, batch_size=args.batch_size, resolution=args.resolution,
-                                multiple=args.patch, seed=args.seed, caption_seed=args.caption_seed,
-                                tower=tower if args.precomputed_latents else None, cache_root=cache_root,
-                                # room for every step plus partly filled buckets, on every rank
-                                min_epoch_size=2 * world * args.batch_size * (args.steps + 32))
-        if pipes:
-            stretched = f"; streamed as one stretched epoch of {len(dataset)} so {args.steps} steps never cross " \
-                "an epoch barrier" if len(dataset) != spec.epoch_size else ""
-            pipes.log.info(f"training on mixture {spec.name} v{spec.mixture_version} ({spec.epoch_size} "
-                           f"samples per epoch in the spec, {len(spec.streams)} streams{stretched}), text latents "
-                           f"{mode} ({tower}), world size {world}, device {device}")
         model: Any = None
         opt: Any = None
-        step = 0
         ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
         resume = ckpt_dir / "last.pt" if ckpt_dir and (ckpt_dir / "last.pt").is_file() else None
+        saved = torch.load(resume, map_location=device) if resume is not None else None
+        step = int(saved["step"]) if saved is not None else 0
+        windows = schedule(spec, args.steps, args.resolution)
+        taken = [0]  # samples this rank's loader yielded in the current phase
+        phase_starts: dict[str, list[int]] = {}
+        phase_pixels: dict[str, list[int]] = {}  # height, width of each phase's first batch
+        if pipes:
+            pipes.log.info(f"training on mixture {spec.name} v{spec.mixture_version} ({len(spec.streams)} streams"
+                           f"{', phases ' + ', '.join(f'{w.name} steps {w.first}-{w.stop}' for w in windows) if spec.phases else ''}"
+                           f"), text latents {mode} ({tower}), world size {world}, device {device}")
+
+        def open_phase(window: Window, at: Position | None) -> Any:
+            taken[0] = 0
+            phase_starts[window.name or "all"] = _agreed_step(max(step, window.first), world)
+            ds = build_dataset(spec, batch_size=args.batch_size, resolution=window.resolution, multiple=args.patch,
+                               seed=args.seed, caption_seed=args.caption_seed,
+                               tower=tower if args.precomputed_latents else None, cache_root=cache_root,
+                               # room for every step of the phase plus partly filled buckets, on every rank
+                               min_epoch_size=2 * world * args.batch_size * (window.stop - window.first + 32),
+                               phase=window.name)
+            if at is not None and at.state is not None:
+                ds.load_state_dict(at.state)
+            if pipes:
+                where = f" at sample {at.state['sample_in_epoch']}" if at is not None and at.state else ""
+                pipes.log.info(f"phase {window.name or '(whole run)'}: steps {max(step, window.first)}-{window.stop}, "
+                               f"resolution {window.resolution}, streamed as one epoch of {len(ds)} per rank{where}")
+            return ds
+
+        def batches_of(ds: Any) -> Iterator[list[dict[str, Any]]]:
+            return bucketed_batches(_counted(_loader(ds, args.workers, pin_memory=cuda), taken), args.batch_size, skipped)
+
+        at = Position(**saved["position"]) if saved is not None and saved.get("position") else None
         losses: list[float] = []
         record: list[list[str]] = []
         text_s = 0.0
@@ -170,9 +193,11 @@ def train(args: TrainerArgs) -> dict[str, Any]:
         timed_s = 0.0
         t_last = time.perf_counter()
         skipped: list[tuple[str, str]] = []
-        for batch in bucketed_batches(_loader(dataset, args.workers, pin_memory=cuda), args.batch_size, skipped):
+        position: dict[str, Any] | None = None
+        for window, dataset, batch in phase_batches(windows, step, open_phase, batches_of, at):
             t0 = time.perf_counter()
             pixels = torch.from_numpy(np.stack([s["pixels"] for s in batch])).to(device, non_blocking=True)
+            phase_pixels.setdefault(window.name or "all", [int(pixels.shape[2]), int(pixels.shape[3])])
             if encoder is not None:
                 te = time.perf_counter()
                 text, mask = encoder.encode([s["caption"] for s in batch])
@@ -195,15 +220,11 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                 if args.compile:
                     model = torch.compile(model)
                 opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=cuda)
-                if resume is not None:
-                    state = torch.load(resume, map_location=device)
-                    net.load_state_dict(state["model"])
-                    opt.load_state_dict(state["optimizer"])
-                    step = int(state["step"])
+                if saved is not None:
+                    net.load_state_dict(saved["model"])
+                    opt.load_state_dict(saved["optimizer"])
                     if pipes:
                         pipes.log.info(f"resumed from {resume} at step {step}")
-                    if step >= args.steps:
-                        break
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = flow_matching_loss(model, pixels, text, mask, generator=gen)
             opt.zero_grad(set_to_none=True)
@@ -227,15 +248,18 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                 sps = timed_samples * world / timed_s if timed_s else 0.0
                 pipes.log.info(f"step {step}/{args.steps} loss {losses[-1]:.4f} samples/s {sps:.1f} "
                                f"(step {dt * 1000:.0f} ms, text {text_dt * 1000:.0f} ms)")
-            if ckpt_dir and rank == 0 and args.checkpoint_every and step % args.checkpoint_every == 0:
-                _save(ckpt_dir, model, opt, step, cfg, keep=f"step_{step:07d}.pt")
-            if step >= args.steps:
-                break
+            if ckpt_dir and (step == windows[-1].stop or (args.checkpoint_every and step % args.checkpoint_every == 0)):
+                position = _position(window, dataset, taken[0], world)  # every rank: it agrees on the position
+                if rank == 0 and step != windows[-1].stop:
+                    _save(ckpt_dir, model, opt, step, cfg, keep=f"step_{step:07d}.pt", position=position)
         if world > 1:
             dist.barrier()
+        if model is None and saved is not None:  # resumed at or past the last step: nothing left to train
+            model = _model_from(saved, device)
         metrics: dict[str, Any] = {}
         if rank == 0:
-            ckpt = _save(ckpt_dir, model, opt, step, model_cfg(model), keep="final.pt") if ckpt_dir else None
+            ckpt = _save(ckpt_dir, model, opt, step, model_cfg(model), keep="final.pt",
+                         position=position if step == windows[-1].stop else None) if ckpt_dir else None
             digest = hashlib.sha256(Path(ckpt).read_bytes()).hexdigest()[:16] if ckpt else None
             sps = timed_samples * world / timed_s if timed_s else 0.0
             metrics = {
@@ -253,6 +277,9 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                 "mixture": spec.name, "mixture_version": spec.mixture_version,
                 "checkpoint": str(ckpt) if ckpt else "", "checkpoint_sha256_16": digest or "",
                 "samples_skipped": len(skipped),
+                "phases": [{"name": w.name, "first_step": w.first, "stop_step": w.stop, "resolution": w.resolution}
+                           for w in windows] if spec.phases else [],
+                "phase_starts_by_rank": phase_starts, "phase_first_batch_hw": phase_pixels,
                 "skipped_examples": "; ".join(f"{i}: {why[:200]}" for i, why in skipped[:5]),
             }
             if skipped and pipes:
@@ -269,7 +296,8 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                            f"{metrics['text_encode_fraction']:.1%} of step time")
             data_version = f"{spec.mixture_version}-{digest}" if digest else spec.mixture_version
             pipes.report_asset_materialization(
-                metadata={k: v for k, v in metrics.items() if k != "loss_curve"} |
+                metadata={k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v
+                          for k, v in metrics.items() if k != "loss_curve"} |
                 {"loss_curve": {"raw_value": loss_picture(losses), "type": "md"}},
                 data_version=data_version)
         if world > 1:
@@ -282,12 +310,13 @@ def model_cfg(model: Any) -> Any:
     return getattr(model, "module", model).cfg
 
 
-def _save(ckpt_dir: Path, model: Any, opt: Any, step: int, cfg: Any, keep: str) -> Path:
+def _save(ckpt_dir: Path, model: Any, opt: Any, step: int, cfg: Any, keep: str,
+          position: dict[str, Any] | None = None) -> Path:
     import torch
 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    state = {"model": getattr(model, "module", model).state_dict(), "optimizer": opt.state_dict(), "step": step,
-             "config": cfg.to_dict()}
+    state = {"model": getattr(model, "module", model).state_dict(), "optimizer": opt.state_dict() if opt else {},
+             "step": step, "config": cfg.to_dict(), "position": position}
     tmp = ckpt_dir / f".{keep}.tmp"
     torch.save(state, tmp)
     os.replace(tmp, ckpt_dir / keep)
@@ -295,6 +324,51 @@ def _save(ckpt_dir: Path, model: Any, opt: Any, step: int, cfg: Any, keep: str) 
     torch.save(state, last_tmp)
     os.replace(last_tmp, ckpt_dir / "last.pt")
     return ckpt_dir / keep
+
+
+def _model_from(saved: dict[str, Any], device: Any) -> Any:
+    """The model of a checkpoint (a run resumed with no step left to take)."""
+    from prx_assets.training.model import FlowTransformer, ModelConfig
+
+    net = FlowTransformer(ModelConfig(**saved["config"])).to(device)
+    net.load_state_dict(saved["model"])
+    return net
+
+
+def _counted(samples: Iterator[dict[str, Any]], taken: list[int]) -> Iterator[dict[str, Any]]:
+    """``samples``, counting each in ``taken[0]`` (what this rank's loader has yielded in the phase)."""
+    for sample in samples:
+        taken[0] += 1
+        yield sample
+
+
+def _agreed_step(step: int, world: int) -> list[int]:
+    """The step each rank is at (gathered from every rank: the trainer shows they agree)."""
+    if world == 1:
+        return [step]
+    import torch.distributed as dist
+
+    got: list[Any] = [None] * world
+    dist.all_gather_object(got, step)
+    if len(set(got)) != 1:
+        raise RuntimeError(f"ranks disagree on the step where a phase starts: {got}")
+    return [int(x) for x in got]
+
+
+def _position(window: Window, dataset: Any, taken: int, world: int) -> dict[str, Any]:
+    """Where the phase's stream stands: the samples every rank's loader has yielded (the fewest of any
+    rank), as the dataset's ``state_dict``; a resumed run loads it and reads on from there. Samples a
+    rank held in a partly filled aspect bucket at that moment are not trained in this epoch."""
+    fewest = taken
+    if world > 1:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([taken], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        fewest = int(t.item())
+    return {"phase": window.name, "samples": fewest,
+            "state": dataset.state_dict(num_samples=fewest * world, from_beginning=False)}
 
 
 def _sig(x: float, digits: int = 4) -> float:

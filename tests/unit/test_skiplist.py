@@ -83,3 +83,18 @@ def test_a_trimmed_draw_is_a_multiple_and_keeps_units_consistent() -> None:
     assert len(kept) == 12 and kept_units.sum() == 12
     assert np.all(np.diff(kept) > 0)
     assert trim_draw(units, ids, 13, seed=1)[1] is ids
+
+
+def test_unused_skip_lists_are_pruned_and_used_ones_kept(tmp_path: Path) -> None:
+    import os
+
+    from prx_assets.core.publish.skiplist import SHARED_DIR, prune
+
+    old = SkipList.build(np.array([0]), np.array([1]), 1, folder=tmp_path)
+    used = SkipList.build(np.array([0]), np.array([2]), 1, folder=tmp_path)
+    week_ago = os.path.getmtime(old.path) - 8 * 86400
+    for path in (old.path, used.path):
+        os.utime(path, (week_ago, week_ago))
+    pickle.loads(pickle.dumps(used)).contains(0, 2)  # a worker reads it: refreshed
+    assert prune(tmp_path / SHARED_DIR) == [Path(old.path).name]
+    assert Path(used.path).exists()

@@ -9,9 +9,15 @@
           - {recipe: hq_photos, proportion: 0.7}
           - {recipe: catalog, proportion: 0.3}
           # or per stream: repeat: 2.0 (upsample), or choose: 5000 (a fixed count)
+      - name: progressive             # phases: trained in order, each for its steps
+        phases:
+          - {name: low_res, steps: 20000, resolution: 512,
+             streams: [{recipe: hq_photos, proportion: 0.5}, {recipe: catalog, proportion: 0.5}]}
+          - {name: anneal, steps: 2000, resolution: 1024, streams: [{recipe: hq_photos, proportion: 1}]}
 
 The resolved spec is JSON the trainer consumes: for each stream its shard-set URI and id,
-sample count and weighting, plus the expected samples per stream per epoch.
+sample count and weighting, plus the expected samples per stream per epoch; a phased mixture's
+spec has the same per phase, with the phase's steps and resolution (its version covers them).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from prx_assets.core.config.project import config_dir, read_entries
-from prx_assets.core.manifests import MixtureSpec, MixtureStream, ShardSetManifest
+from prx_assets.core.manifests import MixturePhase, MixtureSpec, MixtureStream, ShardSetManifest
 from prx_assets.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -41,12 +47,24 @@ class StreamSpec:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One phase of a phased mixture: streams, steps, and the resolution it trains at."""
+
+    name: str
+    steps: int
+    streams: tuple[StreamSpec, ...]
+    resolution: int | None = None
+    epoch_size: int | None = None
+
+
+@dataclass(frozen=True)
 class Mixture:
-    """A named list of streams."""
+    """A named list of streams, or of phases that each have their own."""
 
     name: str
     streams: tuple[StreamSpec, ...]
     epoch_size: int | None = None
+    phases: tuple[Phase, ...] = ()
 
 
 def load_mixtures(path: str | os.PathLike[str] | None = None,
@@ -62,69 +80,129 @@ def load_mixtures(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"mixture name {name!r} is invalid or duplicated", path=spath, entry=f"mixtures[{i}]",
                               fix="use a unique lowercase name")
         where = f"mixture {name!r}"
-        streams = []
-        listed = raw.get("streams") or []
-        if not isinstance(listed, list):
-            raise ConfigError(f"streams={listed!r}: expected a list of streams, got {type(listed).__name__}",
-                              path=spath, entry=where, fix="write streams: [{recipe: <recipe>, proportion: 1}]")
-        for j, raw_s in enumerate(listed):
-            if not isinstance(raw_s, Mapping):
-                raise ConfigError(f"streams[{j}]={raw_s!r}: expected a mapping with a recipe and a weight, got "
-                                  f"{type(raw_s).__name__}", path=spath, entry=where,
-                                  fix=f"write {{recipe: {raw_s if isinstance(raw_s, str) else '<recipe>'}, "
-                                      "proportion: 1}")
-            for k in ("proportion", "repeat", "choose"):
-                v = raw_s.get(k)
-                whole = k == "choose"
-                if v is not None and (isinstance(v, bool) or not isinstance(v, int if whole else int | float) or v <= 0):
-                    raise ConfigError(f"streams[{j}].{k}={v!r}: expected a positive {'integer' if whole else 'number'}",
-                                      path=spath, entry=where, fix=f"write {k}: {5000 if whole else 0.5}")
-            recipe = raw_s.get("recipe")
-            if known_recipes is not None and recipe not in known_recipes:
-                raise ConfigError(f"stream names unknown recipe {recipe!r}; known recipes: {known_recipes}",
-                                  path=spath, entry=where, fix="add the recipe to recipes.yaml or fix the name")
-            weights = [k for k in ("proportion", "repeat", "choose") if raw_s.get(k) is not None]
-            if len(weights) > 1:
-                raise ConfigError(f"stream {recipe!r} sets {weights}; use one of proportion, repeat, choose",
-                                  path=spath, entry=where, fix="keep one weighting per stream")
-            streams.append(StreamSpec(recipe=str(recipe), proportion=raw_s.get("proportion"),
-                                      repeat=raw_s.get("repeat"), choose=raw_s.get("choose")))
-        if not streams:
-            raise ConfigError("no streams", path=spath, entry=where, fix="add streams: [{recipe: ..., proportion: 1}]")
-        if any(s.proportion is not None for s in streams) and any(s.proportion is None for s in streams):
-            raise ConfigError("mixes proportion with repeat/choose", path=spath, entry=where,
-                              fix="give every stream a proportion, or none of them")
-        epoch = raw.get("epoch_size")
-        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1):
-            raise ConfigError(f"epoch_size={epoch!r}: expected a positive integer", path=spath, entry=where,
-                              fix="write epoch_size: 100000, or leave it out (the streams' own sizes)")
-        out[name] = Mixture(name=name, streams=tuple(streams), epoch_size=epoch)
+        raw_phases = raw.get("phases")
+        if raw_phases is not None:
+            if raw.get("streams") is not None:
+                raise ConfigError("sets both streams and phases", path=spath, entry=where,
+                                  fix="give each phase its streams, and the mixture none")
+            phases = _phases(raw_phases, spath, where, known_recipes)
+            out[name] = Mixture(name=name, streams=_union(phases), phases=phases)
+            continue
+        out[name] = Mixture(name=name, streams=_streams(raw.get("streams") or [], spath, where, known_recipes),
+                            epoch_size=_positive(raw.get("epoch_size"), "epoch_size", spath, where))
     return out
 
 
+def _phases(raw_phases: Any, spath: str, where: str, known_recipes: list[str] | None) -> tuple[Phase, ...]:
+    """Parse a mixture's ``phases:`` (name, steps, streams; resolution and epoch_size optional)."""
+    if not isinstance(raw_phases, list) or not raw_phases:
+        raise ConfigError(f"phases={raw_phases!r}: expected a list of phases", path=spath, entry=where,
+                          fix="write phases: [{name: low_res, steps: 2000, resolution: 512, streams: [...]}]")
+    phases: list[Phase] = []
+    for j, raw in enumerate(raw_phases):
+        pname = raw.get("name") if isinstance(raw, Mapping) else None
+        at = f"{where} phase {j}"
+        if not isinstance(pname, str) or not NAME_RE.match(pname) or pname in {p.name for p in phases}:
+            raise ConfigError(f"phase name {pname!r} is invalid or duplicated", path=spath, entry=at,
+                              fix="give each phase a unique lowercase name")
+        steps = _positive(raw.get("steps"), "steps", spath, at)
+        if steps is None:
+            raise ConfigError("has no steps", path=spath, entry=at, fix="write steps: 1000 (optimizer steps)")
+        phases.append(Phase(name=pname, steps=steps, streams=_streams(raw.get("streams") or [], spath, at, known_recipes),
+                            resolution=_positive(raw.get("resolution"), "resolution", spath, at),
+                            epoch_size=_positive(raw.get("epoch_size"), "epoch_size", spath, at)))
+    return tuple(phases)
+
+
+def _union(phases: tuple[Phase, ...]) -> tuple[StreamSpec, ...]:
+    """Every recipe any phase reads (unweighted: the phases carry the weights), first use first."""
+    return tuple(StreamSpec(recipe=r) for r in dict.fromkeys(s.recipe for p in phases for s in p.streams))
+
+
+def _positive(value: Any, key: str, spath: str, where: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{key}={value!r}: expected a positive integer", path=spath, entry=where,
+                          fix=f"write {key}: 1000, or leave it out")
+    return value
+
+
+def _streams(listed: Any, spath: str, where: str, known_recipes: list[str] | None) -> tuple[StreamSpec, ...]:
+    """Parse a list of streams, each a recipe with at most one of proportion, repeat or choose."""
+    if not isinstance(listed, list):
+        raise ConfigError(f"streams={listed!r}: expected a list of streams, got {type(listed).__name__}",
+                          path=spath, entry=where, fix="write streams: [{recipe: <recipe>, proportion: 1}]")
+    streams = []
+    for j, raw_s in enumerate(listed):
+        if not isinstance(raw_s, Mapping):
+            raise ConfigError(f"streams[{j}]={raw_s!r}: expected a mapping with a recipe and a weight, got "
+                              f"{type(raw_s).__name__}", path=spath, entry=where,
+                              fix=f"write {{recipe: {raw_s if isinstance(raw_s, str) else '<recipe>'}, "
+                                  "proportion: 1}")
+        for k in ("proportion", "repeat", "choose"):
+            v = raw_s.get(k)
+            whole = k == "choose"
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int if whole else int | float) or v <= 0):
+                raise ConfigError(f"streams[{j}].{k}={v!r}: expected a positive {'integer' if whole else 'number'}",
+                                  path=spath, entry=where, fix=f"write {k}: {5000 if whole else 0.5}")
+        recipe = raw_s.get("recipe")
+        if known_recipes is not None and recipe not in known_recipes:
+            raise ConfigError(f"stream names unknown recipe {recipe!r}; known recipes: {known_recipes}",
+                              path=spath, entry=where, fix="add the recipe to recipes.yaml or fix the name")
+        weights = [k for k in ("proportion", "repeat", "choose") if raw_s.get(k) is not None]
+        if len(weights) > 1:
+            raise ConfigError(f"stream {recipe!r} sets {weights}; use one of proportion, repeat, choose",
+                              path=spath, entry=where, fix="keep one weighting per stream")
+        streams.append(StreamSpec(recipe=str(recipe), proportion=raw_s.get("proportion"),
+                                  repeat=raw_s.get("repeat"), choose=raw_s.get("choose")))
+    if not streams:
+        raise ConfigError("no streams", path=spath, entry=where, fix="add streams: [{recipe: ..., proportion: 1}]")
+    if any(s.proportion is not None for s in streams) and any(s.proportion is None for s in streams):
+        raise ConfigError("mixes proportion with repeat/choose", path=spath, entry=where,
+                          fix="give every stream a proportion, or none of them")
+    return tuple(streams)
+
+
 def resolve(mixture: Mixture, shard_set: Callable[[str], ShardSetManifest]) -> MixtureSpec:
-    """The trainer's spec: each stream's current published shard set and expected samples per epoch.
+    """The trainer's spec: each stream's current published shard set and expected samples per epoch
+    (per phase for a phased mixture, whose ``streams`` then list every set any phase reads).
 
     ``shard_set(recipe)`` returns the manifest of the recipe's current shard set. The spec's
     ``mixture_version`` hashes everything else in it.
     """
+    if not mixture.phases:
+        streams, epoch, expected = _resolve_streams(mixture.streams, mixture.epoch_size, shard_set)
+        return MixtureSpec(name=mixture.name, epoch_size=epoch, streams=streams,
+                           expected_samples_per_stream=expected).versioned()
+    phases = []
+    for p in mixture.phases:
+        streams, epoch, expected = _resolve_streams(p.streams, p.epoch_size, shard_set)
+        phases.append(MixturePhase(name=p.name, steps=p.steps, epoch_size=epoch, streams=streams,
+                                   expected_samples_per_stream=expected, resolution=p.resolution))
+    every, _, _ = _resolve_streams(mixture.streams, None, shard_set)
+    return MixtureSpec(name=mixture.name, epoch_size=phases[0].epoch_size, streams=every,
+                       expected_samples_per_stream=phases[0].expected_samples_per_stream,
+                       phases=tuple(phases)).versioned()
+
+
+def _resolve_streams(specs: tuple[StreamSpec, ...], epoch_size: int | None, shard_set: Callable[[str], ShardSetManifest],
+                     ) -> tuple[tuple[MixtureStream, ...], int, dict[str, int]]:
+    """Streams pinned to their current shard sets, the epoch size, and the expected samples per stream."""
     streams = []
-    for s in mixture.streams:
+    for s in specs:
         m = shard_set(s.recipe)
         streams.append(MixtureStream(recipe=s.recipe, shard_set_id=m.shard_set_id, uri=m.uri, samples=int(m.samples),
                                      proportion=s.proportion, repeat=s.repeat, choose=s.choose,
                                      caption_plan=m.caption_plan, lance_version=m.lance_version))
     total = sum(x.samples for x in streams)
     if all(x.proportion is not None for x in streams):
-        epoch = int(mixture.epoch_size or total)
+        epoch = int(epoch_size or total)
         weight = sum(float(x.proportion or 0) for x in streams)
         expected = {x.recipe: round(epoch * float(x.proportion or 0) / weight) for x in streams}
     else:
         expected = {x.recipe: int(x.choose) if x.choose is not None else
                     round(x.samples * float(x.repeat if x.repeat is not None else 1.0)) for x in streams}
-        epoch = int(mixture.epoch_size or sum(expected.values()))
-    return MixtureSpec(name=mixture.name, epoch_size=epoch, streams=tuple(streams),
-                       expected_samples_per_stream=expected).versioned()
+        epoch = int(epoch_size or sum(expected.values()))
+    return tuple(streams), epoch, expected
 
 
 def streaming_kwargs(spec: MixtureSpec, cache_root: str | None = None) -> dict[str, Any]:

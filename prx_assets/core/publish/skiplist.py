@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,26 @@ def keys(streams: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return (streams.astype(np.uint64) << np.uint64(STREAM_SHIFT)) | indices.astype(np.uint64)
 
 
+#: A shared skip list no dataset has been built over for this long is removed (the next build writes it again).
+KEEP_S = 7 * 86400
+
+
+def prune(where: Path, keep_s: float = KEEP_S) -> list[str]:
+    """Remove skip-list files of ``where`` unused for ``keep_s`` seconds (and temp files a killed
+    writer left); return their names. Every build and every read refreshes a file's time, and a
+    running dataset reads its file at least once an epoch."""
+    removed = []
+    now = time.time()
+    for entry in os.scandir(where):
+        try:
+            if now - entry.stat().st_mtime > keep_s:
+                os.unlink(entry.path)
+                removed.append(entry.name)
+        except FileNotFoundError:  # another process pruned it first
+            continue
+    return removed
+
+
 @dataclass
 class SkipList:
     """Skipped samples of a dataset's physical streams, shared through ``path``; pickles as the path."""
@@ -62,10 +83,13 @@ class SkipList:
         where = Path(folder or tempfile.gettempdir()) / SHARED_DIR
         where.mkdir(parents=True, exist_ok=True)
         path = where / f"{hashlib.sha256(data).hexdigest()[:32]}.roaring"
-        if not path.exists():
+        if path.exists():
+            os.utime(path)  # in use: not pruned
+        else:
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)
+        prune(where)
         per_stream = tuple(bitmap.range_cardinality(s << STREAM_SHIFT, (s + 1) << STREAM_SHIFT)
                            for s in range(num_streams))
         return cls(path=str(path), total=len(bitmap), per_stream=per_stream, _bitmap=bitmap)
@@ -79,6 +103,7 @@ class SkipList:
         if self._bitmap is None:
             try:
                 data = Path(self.path).read_bytes()
+                os.utime(self.path)  # in use: not pruned
             except FileNotFoundError:
                 raise FileNotFoundError(f"skip list {self.path} is gone (a temp-folder cleaner?): construct the "
                                         "dataset again, which writes it anew") from None
