@@ -46,7 +46,7 @@ test-fast: venv lint
 bench: venv
 	$(PY) -m bench
 
-# The wheels bench/gpu.py brings to a GPU machine without mosaicml-streaming (cp312 manylinux, ~5.5 MB):
+# The wheels bench/gpu.py brings to a GPU machine without mosaicml-streaming (cp312 manylinux, ~8 MB with pyroaring for skip lists):
 # carry .gpu-wheels and run `python bench/gpu.py --wheels .gpu-wheels --out gpu.json` there.
 gpu-wheels: venv
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

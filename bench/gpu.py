@@ -31,7 +31,7 @@ The JSON (``--out``, also the last line printed) holds the figures, the goals an
 met, the versions and the device. ``--smoke`` runs the same code paths on the CPU with tiny shapes
 in under 3 minutes (the tests run it). ``--wheels DIR`` installs the wheels in DIR (``--no-deps``,
 offline) into a private folder first: mosaicml-streaming 0.13 and what it imports are not on the GPU
-machine (``make gpu-wheels`` downloads them here, about 5.5 MB). ``--budget-s`` stops starting new
+machine (``make gpu-wheels`` downloads them here, about 8 MB). ``--budget-s`` stops starting new
 measurements once that many seconds have passed (what was measured is still written).
 """
 
