@@ -166,7 +166,7 @@ def train(args: TrainerArgs) -> dict[str, Any]:
 
         def open_phase(window: Window, at: Position | None) -> Any:
             taken[0] = 0
-            phase_starts[window.name or "all"] = _agreed_step(max(step, window.first), world)
+            phase_starts[window.name or "all"] = _agreed_step(max(step, window.first), world, device)
             ds = build_dataset(spec, batch_size=args.batch_size, resolution=window.resolution, multiple=args.patch,
                                seed=args.seed, caption_seed=args.caption_seed,
                                tower=tower if args.precomputed_latents else None, cache_root=cache_root,
@@ -249,7 +249,7 @@ def train(args: TrainerArgs) -> dict[str, Any]:
                 pipes.log.info(f"step {step}/{args.steps} loss {losses[-1]:.4f} samples/s {sps:.1f} "
                                f"(step {dt * 1000:.0f} ms, text {text_dt * 1000:.0f} ms)")
             if ckpt_dir and (step == windows[-1].stop or (args.checkpoint_every and step % args.checkpoint_every == 0)):
-                position = _position(window, dataset, taken[0], world)  # every rank: it agrees on the position
+                position = _position(window, dataset, taken[0], world, device)  # every rank: they agree on it
                 if rank == 0 and step != windows[-1].stop:
                     _save(ckpt_dir, model, opt, step, cfg, keep=f"step_{step:07d}.pt", position=position)
         if world > 1:
@@ -342,20 +342,23 @@ def _counted(samples: Iterator[dict[str, Any]], taken: list[int]) -> Iterator[di
         yield sample
 
 
-def _agreed_step(step: int, world: int) -> list[int]:
+def _agreed_step(step: int, world: int, device: Any) -> list[int]:
     """The step each rank is at (gathered from every rank: the trainer shows they agree)."""
     if world == 1:
         return [step]
+    import torch
     import torch.distributed as dist
 
-    got: list[Any] = [None] * world
-    dist.all_gather_object(got, step)
-    if len(set(got)) != 1:
-        raise RuntimeError(f"ranks disagree on the step where a phase starts: {got}")
-    return [int(x) for x in got]
+    mine = torch.tensor([step], dtype=torch.int64, device=device)  # on the device: NCCL moves device tensors
+    got = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(got, mine)
+    steps = [int(t.item()) for t in got]
+    if len(set(steps)) != 1:
+        raise RuntimeError(f"ranks disagree on the step where a phase starts: {steps}")
+    return steps
 
 
-def _position(window: Window, dataset: Any, taken: int, world: int) -> dict[str, Any]:
+def _position(window: Window, dataset: Any, taken: int, world: int, device: Any) -> dict[str, Any]:
     """Where the phase's stream stands: the samples every rank's loader has yielded (the fewest of any
     rank), as the dataset's ``state_dict``; a resumed run loads it and reads on from there. Samples a
     rank held in a partly filled aspect bucket at that moment are not trained in this epoch."""
@@ -364,7 +367,7 @@ def _position(window: Window, dataset: Any, taken: int, world: int) -> dict[str,
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor([taken], dtype=torch.int64)
+        t = torch.tensor([taken], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         fewest = int(t.item())
     return {"phase": window.name, "samples": fewest,
