@@ -18,7 +18,7 @@ REJECTS_TABLE = "rejects"
 #: Field metadata for columns of already-compressed bytes (JPEG, PNG, WebP): Lance writes their
 #: pages as they are. Its default tries a general-purpose compression on every page, which gains
 #: nothing on such bytes (the same size to 0.1%) and cost 0.08-0.10 s more CPU per 500 stored
-#: photos (64 MB) on each append and 40% more time on a scan of the column (README, the
+#: photos (64 MB) on each append and 40% more time on a scan of the column (docs/benchmark-notes.md, the
 #: ``lance_maintenance`` entry). New tables get it at creation;
 #: :func:`~prx_assets.core.lab.table.apply_encodings` (run by ``lance_maintenance``) gives it to an
 #: older table, whose later appends and updates then follow it. (Lance 14.0.2's compaction does

@@ -112,10 +112,10 @@ def load_models(path: str | os.PathLike[str] | None = None, check_paths: bool = 
     """
     cfg_path = Path(path) if path is not None else config_dir() / "models.yaml"
     spath = str(cfg_path)
-    doc = read_yaml(cfg_path, "create it (see README, 'Captioners') or point PRX_CONFIG_DIR at its folder") or {}
+    doc = read_yaml(cfg_path, "create it (see docs/captioners.md) or point PRX_CONFIG_DIR at its folder") or {}
     if not isinstance(doc, Mapping) or set(doc) - {"captioners", "embedder", "text_encoder"}:
         raise ConfigError("expected a mapping with 'captioners:' and optionally 'embedder:' and 'text_encoder:'", path=spath,
-                          fix="see README, 'Captioners'")
+                          fix="see docs/captioners.md")
     specs: list[CaptionerSpec] = []
     allowed = _fields(CaptionerSpec)
     for i, raw in enumerate(doc.get("captioners") or []):

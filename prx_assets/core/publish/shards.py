@@ -76,7 +76,7 @@ SHARDS_CODE_VERSION = "shards-1"
 #: Cache bound (index and metadata, each) of the lab handle a shard set is written from: the rows
 #: are looked up by id in id order, so consecutive chunks use the same index pages and a small cache
 #: serves them; with Lance's defaults (6 GB + 1 GB) a whole write's caches grow with the samples up
-#: to those caps (160-190 MB at 500k samples, and no faster for it; see README, Benchmarks).
+#: to those caps (160-190 MB at 500k samples, and no faster for it; see docs/benchmark-notes.md).
 LAB_CACHE_BYTES = 256 * 2**20
 
 
