@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -100,24 +101,48 @@ def _loader(dataset: Any, workers: int, pin_memory: bool = False) -> Iterator[di
             raise RuntimeError("the mixture yielded no samples; check the spec's shard sets")
 
 
-def train(args: TrainerArgs) -> dict[str, Any]:
-    """Run training; return the final metrics (rank 0) or {} (other ranks)."""
-    import numpy as np
+@dataclass
+class Env:
+    """Where this rank runs: world, rank, device and precision."""
+
+    world: int
+    rank: int
+    local_rank: int
+    device: Any
+    bf16: bool
+    peak: float | None  # the device's dense bf16 peak TFLOP/s, for MFU (None: unknown)
+
+    @property
+    def cuda(self) -> bool:
+        return bool(self.device.type == "cuda")
+
+
+@dataclass
+class Tally:
+    """What the run measured, step by step."""
+
+    losses: list[float] = field(default_factory=list)
+    record: list[list[str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    phase_starts: dict[str, list[int]] = field(default_factory=dict)
+    phase_pixels: dict[str, list[int]] = field(default_factory=dict)  # height, width of each phase's first batch
+    text_s: float = 0.0
+    timed_flops: float = 0.0
+    timed_samples: int = 0
+    timed_s: float = 0.0
+
+    def samples_per_second(self, world: int) -> float:
+        return self.timed_samples * world / self.timed_s if self.timed_s else 0.0
+
+
+def _env(args: TrainerArgs) -> Env:
+    """This rank's environment (torchrun's variables), its process group, TF32 on CUDA."""
     import torch
     import torch.distributed as dist
 
-    from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec
-    from prx_assets.training.data import bucketed_batches, build_dataset
-    from prx_assets.training.model import (
-        FlowTransformer,
-        ModelConfig,
-        flow_matching_loss,
-        peak_tflops,
-        training_flops,
-    )
+    from prx_assets.training.model import peak_tflops
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "auto":
         device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
@@ -126,183 +151,254 @@ def train(args: TrainerArgs) -> dict[str, Any]:
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     cuda = device.type == "cuda"
-    bf16 = args.precision == "bf16" or (args.precision == "auto" and cuda)
     if cuda:  # TF32 for the matmuls autocast leaves in fp32 (and all of them with --precision fp32)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    peak = args.peak_tflops or (peak_tflops(torch.cuda.get_device_name(device)) if cuda else None)
-    torch.manual_seed(args.seed)
-    gen = torch.Generator(device=device).manual_seed(args.seed + rank)
+    return Env(world=world, rank=int(os.environ.get("RANK", "0")), local_rank=local_rank, device=device,
+               bf16=args.precision == "bf16" or (args.precision == "auto" and cuda),
+               peak=args.peak_tflops or (peak_tflops(torch.cuda.get_device_name(device)) if cuda else None))
 
+
+def train(args: TrainerArgs) -> dict[str, Any]:
+    """Run training; return the final metrics (rank 0) or {} (other ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    from prx_assets.core.models.text_encoder import TextEncoder, TextTowerSpec
+
+    env = _env(args)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator(device=env.device).manual_seed(args.seed + env.rank)
     with contextlib.ExitStack() as stack:
-        pipes = stack.enter_context(_pipes(rank))
+        pipes = stack.enter_context(_pipes(env.rank))
         spec = read_spec(args.spec)
-        encoder = None
-        tower = args.text_tower
-        if not args.precomputed_latents:
-            encoder = TextEncoder(TextTowerSpec(model=args.text_encoder, name=args.text_tower,
-                                                max_length=args.max_text_length, layer=args.text_layer),
-                                  device=str(device))
-            tower = encoder.spec.tower()
-        mode = "precomputed" if args.precomputed_latents else "on_the_fly"
+        encoder = None if args.precomputed_latents else TextEncoder(
+            TextTowerSpec(model=args.text_encoder, name=args.text_tower, max_length=args.max_text_length,
+                          layer=args.text_layer), device=str(env.device))
+        tower = encoder.spec.tower() if encoder is not None else args.text_tower
         cache_root = args.cache_root
         if cache_root is None and any(s.uri.startswith(("s3://", "gs://")) for s in spec.streams):
             cache_root = tempfile.mkdtemp(prefix="prx-train-cache-")  # per run: shard sets never share a cache
             stack.callback(shutil.rmtree, cache_root, True)
-        model: Any = None
-        opt: Any = None
         ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
         resume = ckpt_dir / "last.pt" if ckpt_dir and (ckpt_dir / "last.pt").is_file() else None
-        saved = torch.load(resume, map_location=device) if resume is not None else None
+        saved = torch.load(resume, map_location=env.device) if resume is not None else None
         step = int(saved["step"]) if saved is not None else 0
         windows = schedule(spec, args.steps, args.resolution)
-        taken = [0]  # samples this rank's loader yielded in the current phase
-        phase_starts: dict[str, list[int]] = {}
-        phase_pixels: dict[str, list[int]] = {}  # height, width of each phase's first batch
+        tally = Tally()
         if pipes:
+            phases = ", phases " + ", ".join(f"{w.name} steps {w.first}-{w.stop}" for w in windows) if spec.phases else ""
             pipes.log.info(f"training on mixture {spec.name} v{spec.mixture_version} ({len(spec.streams)} streams"
-                           f"{', phases ' + ', '.join(f'{w.name} steps {w.first}-{w.stop}' for w in windows) if spec.phases else ''}"
-                           f"), text latents {mode} ({tower}), world size {world}, device {device}")
-
-        def open_phase(window: Window, at: Position | None) -> Any:
-            taken[0] = 0
-            phase_starts[window.name or "all"] = _agreed_step(max(step, window.first), world, device)
-            ds = build_dataset(spec, batch_size=args.batch_size, resolution=window.resolution, multiple=args.patch,
-                               seed=args.seed, caption_seed=args.caption_seed,
-                               tower=tower if args.precomputed_latents else None, cache_root=cache_root,
-                               # room for every step of the phase plus partly filled buckets, on every rank
-                               min_epoch_size=2 * world * args.batch_size * (window.stop - window.first + 32),
-                               phase=window.name)
-            if at is not None and at.state is not None:
-                ds.load_state_dict(at.state)
-            if pipes:
-                where = f" at sample {at.state['sample_in_epoch']}" if at is not None and at.state else ""
-                pipes.log.info(f"phase {window.name or '(whole run)'}: steps {max(step, window.first)}-{window.stop}, "
-                               f"resolution {window.resolution}, streamed as one epoch of {len(ds)} per rank{where}")
-            return ds
-
-        def batches_of(ds: Any) -> Iterator[list[dict[str, Any]]]:
-            return bucketed_batches(_counted(_loader(ds, args.workers, pin_memory=cuda), taken), args.batch_size, skipped)
-
+                           f"{phases}), text latents {_mode(args)} ({tower}), world size {env.world}, device {env.device}")
+        source = PhaseSource(args=args, env=env, spec=spec, tower=tower, cache_root=cache_root, tally=tally,
+                             pipes=pipes, start=step)
         at = Position(**saved["position"]) if saved is not None and saved.get("position") else None
-        losses: list[float] = []
-        record: list[list[str]] = []
-        text_s = 0.0
-        timed_flops = 0.0
-        timed_samples = 0
-        timed_s = 0.0
-        t_last = time.perf_counter()
-        skipped: list[tuple[str, str]] = []
+        model: Any = None
+        opt: Any = None
         position: dict[str, Any] | None = None
-        for window, dataset, batch in phase_batches(windows, step, open_phase, batches_of, at):
+        t_last = time.perf_counter()
+        for window, dataset, batch in phase_batches(windows, step, source.open, source.batches, at):
             t0 = time.perf_counter()
-            pixels = torch.from_numpy(np.stack([s["pixels"] for s in batch])).to(device, non_blocking=True)
-            phase_pixels.setdefault(window.name or "all", [int(pixels.shape[2]), int(pixels.shape[3])])
-            if encoder is not None:
-                te = time.perf_counter()
-                text, mask = encoder.encode([s["caption"] for s in batch])
-                text = text.half().float()  # the precision precomputed latents are stored in
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                text_dt = time.perf_counter() - te
-            else:
-                text = torch.from_numpy(np.stack([s["latent"] for s in batch])).to(device)
-                mask = torch.from_numpy(np.stack([s["mask"] for s in batch])).to(device)
-                text_dt = 0.0
+            pixels, text, mask, text_dt = _inputs(batch, encoder, env)
+            tally.phase_pixels.setdefault(window.name or "all", [int(pixels.shape[2]), int(pixels.shape[3])])
             if model is None:
-                cfg = ModelConfig(text_dim=int(text.shape[-1]), patch=args.patch, dim=args.dim, depth=args.depth,
-                                  heads=args.heads)
-                torch.manual_seed(args.seed)
-                net = FlowTransformer(cfg).to(device)  # fp32 master weights; bf16 only inside autocast
-                model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local_rank]
-                                                                  if device.type == "cuda" else None) \
-                    if world > 1 else net
-                if args.compile:
-                    model = torch.compile(model)
-                opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=cuda)
-                if saved is not None:
-                    net.load_state_dict(saved["model"])
-                    opt.load_state_dict(saved["optimizer"])
-                    if pipes:
-                        pipes.log.info(f"resumed from {resume} at step {step}")
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                loss = flow_matching_loss(model, pixels, text, mask, generator=gen)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+                model, opt = _build(args, env, int(text.shape[-1]), saved)
+                if saved is not None and pipes:
+                    pipes.log.info(f"resumed from {resume} at step {step}")
+            loss = _optimize(model, opt, pixels, text, mask, gen, env)
             step += 1
-            dt = time.perf_counter() - t0
-            losses.append(float(loss.detach()))
-            if args.record_samples:
-                record.extend([s["image_id"], s["caption_key"]] for s in batch)
-            if step > args.warmup_steps:
-                timed_flops += len(batch) * training_flops(cfg, (pixels.shape[2] // args.patch) *
-                                                           (pixels.shape[3] // args.patch), int(text.shape[1]))
-                timed_samples += len(batch)
-                timed_s += time.perf_counter() - t_last
-                text_s += text_dt
+            _account(tally, args, model_cfg(model), step, loss, batch, pixels, text, text_dt, t_last)
             t_last = time.perf_counter()
             if pipes and (step % args.log_every == 0 or step == args.steps):
-                sps = timed_samples * world / timed_s if timed_s else 0.0
-                pipes.log.info(f"step {step}/{args.steps} loss {losses[-1]:.4f} samples/s {sps:.1f} "
-                               f"(step {dt * 1000:.0f} ms, text {text_dt * 1000:.0f} ms)")
+                pipes.log.info(f"step {step}/{args.steps} loss {tally.losses[-1]:.4f} samples/s "
+                               f"{tally.samples_per_second(env.world):.1f} (step {(t_last - t0) * 1000:.0f} ms, "
+                               f"text {text_dt * 1000:.0f} ms)")
             if ckpt_dir and (step == windows[-1].stop or (args.checkpoint_every and step % args.checkpoint_every == 0)):
-                position = _position(window, dataset, taken[0], world, device)  # every rank: they agree on it
-                if rank == 0 and step != windows[-1].stop:
-                    _save(ckpt_dir, model, opt, step, cfg, keep=f"step_{step:07d}.pt", position=position)
-        if world > 1:
+                position = _position(window, dataset, source.taken[0], env.world, env.device)  # every rank agrees
+                if env.rank == 0 and step != windows[-1].stop:
+                    _save(ckpt_dir, model, opt, step, model_cfg(model), keep=f"step_{step:07d}.pt", position=position)
+        if env.world > 1:
             dist.barrier()
         if model is None and saved is not None:  # resumed at or past the last step: nothing left to train
-            model = _model_from(saved, device)
+            model = _model_from(saved, env.device)
         metrics: dict[str, Any] = {}
-        if rank == 0:
+        if env.rank == 0:
             ckpt = _save(ckpt_dir, model, opt, step, model_cfg(model), keep="final.pt",
                          position=position if step == windows[-1].stop else None) if ckpt_dir else None
-            digest = hashlib.sha256(Path(ckpt).read_bytes()).hexdigest()[:16] if ckpt else None
-            sps = timed_samples * world / timed_s if timed_s else 0.0
-            metrics = {
-                "mode": mode, "text_tower": tower, "text_encoder": args.text_encoder or "",
-                "steps": step, "world_size": world, "device": str(device), "batch_size_per_rank": args.batch_size,
-                "loss_first": _mean(losses[:LOSS_WINDOW]), "loss_last": _mean(losses[-LOSS_WINDOW:]),
-                "loss_curve": [round(x, 5) for x in losses],
-                "samples_per_second": round(sps, 3),
-                "text_encode_seconds": round(text_s, 4), "timed_seconds": round(timed_s, 4),
-                "text_encode_fraction": round(text_s / timed_s, 4) if timed_s else 0.0,
-                "params": sum(p.numel() for p in model.parameters()) if model is not None else 0,
-                "precision": "bf16 autocast" if bf16 else ("tf32" if cuda else "fp32"), "compiled": args.compile,
-                # model FLOPs (forward + backward matmuls of the transformer) per second, all ranks
-                "model_tflops_per_second": _sig(timed_flops * world / timed_s / 1e12) if timed_s else 0.0,
-                "mixture": spec.name, "mixture_version": spec.mixture_version,
-                "checkpoint": str(ckpt) if ckpt else "", "checkpoint_sha256_16": digest or "",
-                "samples_skipped": len(skipped),
-                "phases": [{"name": w.name, "first_step": w.first, "stop_step": w.stop, "resolution": w.resolution}
-                           for w in windows] if spec.phases else [],
-                "phase_starts_by_rank": phase_starts, "phase_first_batch_hw": phase_pixels,
-                "skipped_examples": "; ".join(f"{i}: {why[:200]}" for i, why in skipped[:5]),
-            }
-            if skipped and pipes:
-                pipes.log.warning(f"{len(skipped)} samples could not be decoded and were skipped, e.g. "
-                                  f"{skipped[0][0]}: {skipped[0][1][:300]}")
-            if peak and timed_s:  # model FLOPs utilisation per device, against its dense bf16 peak
-                metrics.update(mfu=_sig(timed_flops / timed_s / 1e12 / peak), peak_tflops_per_device=peak)
-            if args.record_samples:
-                Path(args.record_samples).write_text(json.dumps(record))
-            if args.metrics_json:
-                Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
-            pipes.log.info(f"done: {step} steps, loss {metrics['loss_first']:.4f} -> {metrics['loss_last']:.4f}, "
-                           f"{metrics['samples_per_second']} samples/s, text encoding "
-                           f"{metrics['text_encode_fraction']:.1%} of step time")
-            data_version = f"{spec.mixture_version}-{digest}" if digest else spec.mixture_version
-            pipes.report_asset_materialization(
-                metadata={k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v
-                          for k, v in metrics.items() if k != "loss_curve"} |
-                {"loss_curve": {"raw_value": loss_picture(losses), "type": "md"}},
-                data_version=data_version)
-        if world > 1:
+            metrics = _metrics(args, env, spec, windows, tally, step, model, ckpt, tower)
+            _report(pipes, args, metrics, tally, spec)
+        if env.world > 1:
             dist.destroy_process_group()
         return metrics
+
+
+@dataclass
+class PhaseSource:
+    """Opens each phase's dataset and reads its aspect-bucketed batches, counting what the loader yields."""
+
+    args: TrainerArgs
+    env: Env
+    spec: MixtureSpec
+    tower: str | None
+    cache_root: str | None
+    tally: Tally
+    pipes: Any
+    start: int  # the step the run starts (or resumes) at
+    taken: list[int] = field(default_factory=lambda: [0])  # samples the loader yielded in the current phase
+
+    def open(self, window: Window, at: Position | None) -> Any:
+        """The phase's dataset (positioned at ``at`` when resuming inside it); every rank checks the step."""
+        from prx_assets.training.data import build_dataset
+
+        args, first = self.args, max(self.start, window.first)
+        self.taken[0] = 0
+        self.tally.phase_starts[window.name or "all"] = _agreed_step(first, self.env.world, self.env.device)
+        ds = build_dataset(self.spec, batch_size=args.batch_size, resolution=window.resolution, multiple=args.patch,
+                           seed=args.seed, caption_seed=args.caption_seed,
+                           tower=self.tower if args.precomputed_latents else None, cache_root=self.cache_root,
+                           # room for every step of the phase plus partly filled buckets, on every rank
+                           min_epoch_size=2 * self.env.world * args.batch_size * (window.stop - window.first + 32),
+                           phase=window.name)
+        if at is not None and at.state is not None:
+            ds.load_state_dict(at.state)
+        if self.pipes:
+            where = f" at sample {at.state['sample_in_epoch']}" if at is not None and at.state else ""
+            self.pipes.log.info(f"phase {window.name or '(whole run)'}: steps {first}-{window.stop}, resolution "
+                                f"{window.resolution}, streamed as one epoch of {len(ds)} per rank{where}")
+        return ds
+
+    def batches(self, ds: Any) -> Iterator[list[dict[str, Any]]]:
+        """The dataset's samples in aspect-bucketed batches (undecodable ones counted in the tally)."""
+        from prx_assets.training.data import bucketed_batches
+
+        return bucketed_batches(_counted(_loader(ds, self.args.workers, pin_memory=self.env.cuda), self.taken),
+                                self.args.batch_size, self.tally.skipped)
+
+
+def _mode(args: TrainerArgs) -> str:
+    return "precomputed" if args.precomputed_latents else "on_the_fly"
+
+
+def _inputs(batch: list[dict[str, Any]], encoder: Any, env: Env) -> tuple[Any, Any, Any, float]:
+    """A batch's pixels and text latents on the device (encoded now, or read from the shards), and the
+    seconds encoding took."""
+    import numpy as np
+    import torch
+
+    pixels = torch.from_numpy(np.stack([s["pixels"] for s in batch])).to(env.device, non_blocking=True)
+    if encoder is None:
+        text = torch.from_numpy(np.stack([s["latent"] for s in batch])).to(env.device)
+        mask = torch.from_numpy(np.stack([s["mask"] for s in batch])).to(env.device)
+        return pixels, text, mask, 0.0
+    te = time.perf_counter()
+    text, mask = encoder.encode([s["caption"] for s in batch])
+    text = text.half().float()  # the precision precomputed latents are stored in
+    if env.cuda:
+        torch.cuda.synchronize(env.device)
+    return pixels, text, mask, time.perf_counter() - te
+
+
+def _build(args: TrainerArgs, env: Env, text_dim: int, saved: dict[str, Any] | None) -> tuple[Any, Any]:
+    """The model (DDP-wrapped on several ranks, compiled if asked) and its optimizer, from the checkpoint
+    when resuming."""
+    import torch
+
+    from prx_assets.training.model import FlowTransformer, ModelConfig
+
+    cfg = ModelConfig(text_dim=text_dim, patch=args.patch, dim=args.dim, depth=args.depth, heads=args.heads)
+    torch.manual_seed(args.seed)
+    net = FlowTransformer(cfg).to(env.device)  # fp32 master weights; bf16 only inside autocast
+    model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[env.local_rank] if env.cuda else None) \
+        if env.world > 1 else net
+    if args.compile:
+        model = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=env.cuda)
+    if saved is not None:
+        net.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+    return model, opt
+
+
+def _optimize(model: Any, opt: Any, pixels: Any, text: Any, mask: Any, gen: Any, env: Env) -> Any:
+    """One optimizer step on the flow-matching loss; the loss."""
+    import torch
+
+    from prx_assets.training.model import flow_matching_loss
+
+    with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=env.bf16):
+        loss = flow_matching_loss(model, pixels, text, mask, generator=gen)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if env.cuda:
+        torch.cuda.synchronize(env.device)
+    return loss
+
+
+def _account(tally: Tally, args: TrainerArgs, cfg: Any, step: int, loss: Any, batch: list[dict[str, Any]],
+             pixels: Any, text: Any, text_dt: float, t_last: float) -> None:
+    """Record a step's loss and samples, and (after the warm-up) its time and model FLOPs."""
+    from prx_assets.training.model import training_flops
+
+    tally.losses.append(float(loss.detach()))
+    if args.record_samples:
+        tally.record.extend([s["image_id"], s["caption_key"]] for s in batch)
+    if step > args.warmup_steps:
+        tokens = (pixels.shape[2] // args.patch) * (pixels.shape[3] // args.patch)
+        tally.timed_flops += len(batch) * training_flops(cfg, tokens, int(text.shape[1]))
+        tally.timed_samples += len(batch)
+        tally.timed_s += time.perf_counter() - t_last
+        tally.text_s += text_dt
+
+
+def _metrics(args: TrainerArgs, env: Env, spec: MixtureSpec, windows: list[Window], tally: Tally, step: int,
+             model: Any, ckpt: Path | None, tower: str | None) -> dict[str, Any]:
+    """The run's final metrics (rank 0)."""
+    digest = hashlib.sha256(Path(ckpt).read_bytes()).hexdigest()[:16] if ckpt else ""
+    timed_s = tally.timed_s
+    metrics = {
+        "mode": _mode(args), "text_tower": tower, "text_encoder": args.text_encoder or "",
+        "steps": step, "world_size": env.world, "device": str(env.device), "batch_size_per_rank": args.batch_size,
+        "loss_first": _mean(tally.losses[:LOSS_WINDOW]), "loss_last": _mean(tally.losses[-LOSS_WINDOW:]),
+        "loss_curve": [round(x, 5) for x in tally.losses],
+        "samples_per_second": round(tally.samples_per_second(env.world), 3),
+        "text_encode_seconds": round(tally.text_s, 4), "timed_seconds": round(timed_s, 4),
+        "text_encode_fraction": round(tally.text_s / timed_s, 4) if timed_s else 0.0,
+        "params": sum(p.numel() for p in model.parameters()) if model is not None else 0,
+        "precision": "bf16 autocast" if env.bf16 else ("tf32" if env.cuda else "fp32"), "compiled": args.compile,
+        # model FLOPs (forward + backward matmuls of the transformer) per second, all ranks
+        "model_tflops_per_second": _sig(tally.timed_flops * env.world / timed_s / 1e12) if timed_s else 0.0,
+        "mixture": spec.name, "mixture_version": spec.mixture_version,
+        "checkpoint": str(ckpt) if ckpt else "", "checkpoint_sha256_16": digest,
+        "samples_skipped": len(tally.skipped),
+        "phases": [{"name": w.name, "first_step": w.first, "stop_step": w.stop, "resolution": w.resolution}
+                   for w in windows] if spec.phases else [],
+        "phase_starts_by_rank": tally.phase_starts, "phase_first_batch_hw": tally.phase_pixels,
+        "skipped_examples": "; ".join(f"{i}: {why[:200]}" for i, why in tally.skipped[:5]),
+    }
+    if env.peak and timed_s:  # model FLOPs utilisation per device, against its dense bf16 peak
+        metrics.update(mfu=_sig(tally.timed_flops / timed_s / 1e12 / env.peak), peak_tflops_per_device=env.peak)
+    return metrics
+
+
+def _report(pipes: Any, args: TrainerArgs, metrics: dict[str, Any], tally: Tally, spec: MixtureSpec) -> None:
+    """Write the records asked for and report the materialization (rank 0)."""
+    if tally.skipped:
+        pipes.log.warning(f"{len(tally.skipped)} samples could not be decoded and were skipped, e.g. "
+                          f"{tally.skipped[0][0]}: {tally.skipped[0][1][:300]}")
+    if args.record_samples:
+        Path(args.record_samples).write_text(json.dumps(tally.record))
+    if args.metrics_json:
+        Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
+    pipes.log.info(f"done: {metrics['steps']} steps, loss {metrics['loss_first']:.4f} -> {metrics['loss_last']:.4f}, "
+                   f"{metrics['samples_per_second']} samples/s, text encoding "
+                   f"{metrics['text_encode_fraction']:.1%} of step time")
+    digest = metrics["checkpoint_sha256_16"]
+    pipes.report_asset_materialization(
+        metadata={k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v
+                  for k, v in metrics.items() if k != "loss_curve"} |
+        {"loss_curve": {"raw_value": loss_picture(tally.losses), "type": "md"}},
+        data_version=f"{spec.mixture_version}-{digest}" if digest else spec.mixture_version)
 
 
 def model_cfg(model: Any) -> Any:
