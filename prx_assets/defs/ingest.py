@@ -1,30 +1,23 @@
 """raw_images: ingest batches, the JPEG q92 check, and the discovery sensor."""
 
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
-import numpy as np
 
 from prx_assets.core.config.project import IngestSettings, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import discover_sources, load_manifest, parse_batch_key
-from prx_assets.core.ingest.images import SOURCE_MAX_GROWTH, prepare_rgb
 from prx_assets.core.ingest.jpeg_quality import (
-    CONFIRM_MAX_PIXELS,
     CycleCurve,
     QualityReport,
-    check_curve,
-    cycle_curve,
-    is_tiled,
     needs_confirmation,
-    pick_sample,
 )
 from prx_assets.core.ingest.pipeline import IngestResult, ingest_batch
+from prx_assets.core.ingest.q92_check import confirm_whole, q92_verdict, reread_sample, storage_summary
 from prx_assets.core.ingest.readahead import READAHEAD, BatchInputs
 from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import IMAGES_TABLE
@@ -205,25 +198,6 @@ def raw_images(context: dg.AssetExecutionContext, storage: StorageResource,
 
 
 
-def q92_verdict(report: QualityReport, content_aware: bool) -> tuple[list[str], list[str]]:
-    """``(errors, warnings)`` of the cycle experiment. Without content-aware storage any cycle below
-    the bound is an error (as the experiment defines it). With it, the stored bytes are the first
-    generation and never re-encoded (shards carry them as is), and each image whose first
-    generation would miss the bound is already stored losslessly: only a first cycle below the
-    bound is an error; a later one is generational loss of this content, a warning."""
-    if not content_aware or not report.curves:
-        return report.failures, []
-    curve = report.mean_curve
-    if curve[0] < report.min_psnr_db:
-        return report.failures, []
-    later = next((i for i, v in enumerate(curve, 1) if v < report.min_psnr_db), None)
-    if later is None:
-        return [], []
-    return [], [f"generational loss: mean PSNR {curve[later - 1]:.2f} dB after cycle {later} of {report.cycles} "
-                f"is below the bound {report.min_psnr_db} dB (first generation {curve[0]:.2f} dB); the stored "
-                "first-generation bytes are never re-encoded"]
-
-
 def ingest_sample(instance: dg.DagsterInstance, key: str, settings: IngestSettings) -> list[CycleCurve] | None:
     """The q92 curves ingest measured on partition ``key``'s sample, from its latest materialization
     (one record); ``None`` when it has none measured at the current check settings (a partition
@@ -236,74 +210,6 @@ def ingest_sample(instance: dg.DagsterInstance, key: str, settings: IngestSettin
     if not isinstance(doc, dict) or doc.get("settings") != settings.q92_check_settings():
         return None
     return [CycleCurve.from_json(c) for c in doc.get("curves", [])]
-
-
-def reread_sample(rows: list[dict[str, Any]], n_rows: int, cfg: Any, s3: S3Resource,
-                  settings: IngestSettings) -> QualityReport:
-    """The experiment on a sample re-read from the source (partitions without an ingest-time
-    sample): ``q92_sample`` images at most, one decoded at a time, measured on the same tiles."""
-    reader = reader_for(cfg, s3_client=s3.get_client)
-    report = QualityReport(quality=settings.jpeg_quality, cycles=settings.q92_cycles,
-                           min_psnr_db=settings.q92_min_psnr_db)
-    for row in pick_sample(rows, settings.q92_sample, seed=n_rows):
-        rgb = prepare_rgb(reader.read_uri(row["uri"]), settings).rgb
-        report.curves.append(check_curve(rgb, settings, row["uri"].rsplit("/", 1)[-1]))
-    return report
-
-
-def confirm_whole(report: QualityReport, rows: list[dict[str, Any]], cfg: Any, s3: S3Resource,
-                  settings: IngestSettings) -> tuple[QualityReport, int, dict[str, str]]:
-    """The sample's tile estimates measured again whole, re-read from the source, one image at a
-    time: the report, how many images were re-measured, and why any was not (its label's file is
-    not exactly one of ``rows``, or it is gone, changed since ingest (``sha256``) or undecodable;
-    those keep their tile estimate, as do images over :data:`CONFIRM_MAX_PIXELS`)."""
-    reader = reader_for(cfg, s3_client=s3.get_client)
-    by_label: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_label.setdefault(row["uri"].rsplit("/", 1)[-1], []).append(row)
-    out = QualityReport(quality=report.quality, cycles=report.cycles, min_psnr_db=report.min_psnr_db)
-    done, kept = 0, {}
-    for c in report.curves:
-        if not is_tiled(c):
-            out.curves.append(c)
-            continue
-        found = by_label.get(c.label, [])
-        why = (f"{c.width * c.height:,} pixels, over {CONFIRM_MAX_PIXELS:,}" if c.width * c.height > CONFIRM_MAX_PIXELS
-               else f"{len(found)} files of the partition have this name" if len(found) != 1 else None)
-        rgb = None
-        if why is None:
-            row = found[0]
-            try:
-                data = reader.read_uri(row["uri"])
-                if row.get("sha256") and hashlib.sha256(data).hexdigest() != row["sha256"]:
-                    why = f"{row['uri']} changed since ingest (sha256)"
-                else:
-                    rgb = prepare_rgb(data, settings).rgb
-            except Exception as e:  # gone or unreadable now: the tile estimate stands, and says why
-                why = f"{row['uri']}: {type(e).__name__}: {e}"
-        if rgb is None:
-            kept[c.label] = str(why)
-            out.curves.append(c)
-            continue
-        out.curves.append(cycle_curve(rgb, settings.jpeg_quality, settings.q92_cycles, settings.jpeg_subsampling,
-                                      c.label, max_pixels=0, png_reference=settings.q92_png_reference))
-        done += 1
-    return out, done, kept
-
-
-def jpeg_by_choice(rows: list[dict[str, Any]], s: IngestSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(chosen, bounded)``: the JPEG-stored rows the experiment judges, and those stored as JPEG
-    only because lossless bytes would break the size bound. With content-aware storage, a JPEG
-    whose first-generation PSNR (``q92_psnr_db``) is below the bound was not chosen: the
-    bound sent it to lossless and :data:`~prx_assets.core.ingest.images.SOURCE_MAX_GROWTH` sent it back."""
-    chosen: list[dict[str, Any]] = []
-    bounded: list[dict[str, Any]] = []
-    for r in rows:
-        if (r.get("stored_format") or "jpeg") == "jpeg":
-            psnr = r.get("q92_psnr_db")
-            below = s.lossless_fallback != "off" and psnr is not None and psnr < s.q92_min_psnr_db
-            (bounded if below else chosen).append(r)
-    return chosen, bounded
 
 
 @dg.asset_check(asset=raw_images, partitions_def=raw_batches, blocking=True)
@@ -339,29 +245,8 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
     rows = [] if ds is None else ds.to_table(columns=cols, filter=where_eq("batch", key)).to_pylist()
     if not rows:
         return dg.AssetCheckResult(passed=True, metadata={"sampled": 0, "note": "no images in partition"})
-    jpeg_rows, bounded = jpeg_by_choice(rows, s)
-    share = 1.0 - (len(jpeg_rows) + len(bounded)) / len(rows)
-    psnrs = np.asarray([r["q92_psnr_db"] for r in rows if r.get("q92_psnr_db") is not None], dtype=np.float64)
-    storage_md: dict[str, Any] = {
-        "lossless_share": round(share, 4),
-        "lossless_images": len(rows) - len(jpeg_rows),
-        "fallback_warn_share": dg.MetadataValue.text(str(s.fallback_warn_share)),
-        "size_bound_jpeg_images": len(bounded),
-    }
-    if len(psnrs):
-        q = np.quantile(psnrs, [0.0, 0.05, 0.5, 0.95])
-        storage_md.update({"first_generation_psnr_min_db": round(float(q[0]), 2),
-                           "first_generation_psnr_p05_db": round(float(q[1]), 2),
-                           "first_generation_psnr_p50_db": round(float(q[2]), 2),
-                           "first_generation_psnr_p95_db": round(float(q[3]), 2),
-                           "below_bound_share": round(float(np.mean(psnrs < s.q92_min_psnr_db)), 4)})
-    warnings = [f"{share:.1%} of the partition is stored losslessly (above fallback_warn_share "
-                f"{s.fallback_warn_share}): its content is mostly line art, text or palettes, or jpeg_quality "
-                "is too low for it"] if share > s.fallback_warn_share else []
-    if bounded:
-        warnings.append(f"{len(bounded)} images below the bound are stored as JPEG because their lossless bytes "
-                        f"would exceed {SOURCE_MAX_GROWTH}x the source's (lossless_oversize: the best JPEG that fits, "
-                        "else the configured quality; ingest metadata lossless_reasons counts each)")
+    jpeg_rows, summary, warnings = storage_summary(rows, s)
+    storage_md: dict[str, Any] = {**summary, "fallback_warn_share": dg.MetadataValue.text(str(s.fallback_warn_share))}
     if not jpeg_rows:
         return dg.AssetCheckResult(passed=not warnings, severity=dg.AssetCheckSeverity.WARN,
                                    description="; ".join(warnings) or None,
@@ -374,51 +259,54 @@ def jpeg_q92_cycles(context: dg.AssetCheckExecutionContext, storage: StorageReso
                                curves=curves)
         measured = "at ingest, on the decoded pixels"
     else:  # ingested before the check ran at ingest, or its sample drew no JPEG-stored image
-        report = reread_sample(jpeg_rows, len(rows), cfg, s3, s)
+        report = reread_sample(jpeg_rows, len(rows), reader_for(cfg, s3_client=s3.get_client), s)
         measured = "re-read from the source"
     confirm_md: dict[str, Any] = {"confirmed_whole": 0}
     if needs_confirmation(report, s.q92_confirm_db):  # near the bound: judge on whole images, not tiles
         tiled_min = min(report.mean_curve)
-        report, done, kept = confirm_whole(report, jpeg_rows, cfg, s3, s)
+        report, done, kept = confirm_whole(report, jpeg_rows, reader_for(cfg, s3_client=s3.get_client), s)
         measured += (f"; {done} of {len(report.curves)} measured again whole from the source (the tile "
                      f"estimate, {tiled_min:.2f} dB at its lowest, came within q92_confirm_db "
                      f"{s.q92_confirm_db} dB of the bound)")
         confirm_md = {"confirmed_whole": done, "tile_estimate_min_db": round(tiled_min, 3)}
         if kept:
             confirm_md["kept_tile_estimate"] = dg.MetadataValue.json(dict(list(kept.items())[:20]))
-    meta = report.to_metadata()
-    seconds = time.perf_counter() - started
-    curve_rows = [[i + 1, v] for i, v in enumerate(meta["mean_psnr_curve_db"])]
     errors, generational = q92_verdict(report, s.lossless_fallback != "off")
     warnings += generational
-    extra = {"jpeg_to_png_size_ratio": meta["jpeg_to_png_size_ratio"]} if "jpeg_to_png_size_ratio" in meta else {}
     return dg.AssetCheckResult(
         passed=not errors and not warnings,
         severity=dg.AssetCheckSeverity.WARN if warnings and not errors else dg.AssetCheckSeverity.ERROR,
         description="; ".join(errors + warnings) or None,
-        metadata={
-            # Settings are text, not numbers: the UI's Plots tab charts numeric entries over partitions.
-            "quality": dg.MetadataValue.text(str(s.jpeg_quality)),
-            "cycles": dg.MetadataValue.text(str(s.q92_cycles)),
-            "sampled": len(report.curves),
-            "sample_share": round(len(report.curves) / len(jpeg_rows), 4),
-            "measured": dg.MetadataValue.text(measured),
-            "measured_pixels": sum(c.measured_pixels for c in report.curves),
-            "cycles_encoded": sum(c.cycles_run for c in report.curves),
-            "check_seconds": round(seconds, 3),
-            **confirm_md,
-            **storage_md,
-            "first_cycle_psnr_db": meta["first_cycle_psnr_db"],
-            "max_drop_db": meta["max_drop_db"],
-            "last_cycle_psnr_db": meta["mean_psnr_curve_db"][-1],
-            **extra,
-            "psnr_curve": dg.MetadataValue.md(_md_table(["cycle", "mean PSNR (dB)"], curve_rows)),
-            "psnr_curve_chart": curve(meta["mean_psnr_curve_db"], f"mean PSNR after each q{s.jpeg_quality} cycle",
-                                      "dB", threshold=s.q92_min_psnr_db),
-            "per_image": dg.MetadataValue.json(meta["images"]),
-            "min_psnr_db_bound": dg.MetadataValue.text(f"{s.q92_min_psnr_db} dB"),
-        },
-    )
+        metadata={**_q92_metadata(report, s, len(jpeg_rows), measured, time.perf_counter() - started),
+                  **confirm_md, **storage_md})
+
+
+def _q92_metadata(report: QualityReport, s: IngestSettings, judged: int, measured: str,
+                  seconds: float) -> dict[str, Any]:
+    """The check's metadata about the experiment: settings, sample, curve (table and chart), per image."""
+    meta = report.to_metadata()
+    curve_rows = [[i + 1, v] for i, v in enumerate(meta["mean_psnr_curve_db"])]
+    extra = {"jpeg_to_png_size_ratio": meta["jpeg_to_png_size_ratio"]} if "jpeg_to_png_size_ratio" in meta else {}
+    return {
+        # Settings are text, not numbers: the UI's Plots tab charts numeric entries over partitions.
+        "quality": dg.MetadataValue.text(str(s.jpeg_quality)),
+        "cycles": dg.MetadataValue.text(str(s.q92_cycles)),
+        "sampled": len(report.curves),
+        "sample_share": round(len(report.curves) / judged, 4),
+        "measured": dg.MetadataValue.text(measured),
+        "measured_pixels": sum(c.measured_pixels for c in report.curves),
+        "cycles_encoded": sum(c.cycles_run for c in report.curves),
+        "check_seconds": round(seconds, 3),
+        "first_cycle_psnr_db": meta["first_cycle_psnr_db"],
+        "max_drop_db": meta["max_drop_db"],
+        "last_cycle_psnr_db": meta["mean_psnr_curve_db"][-1],
+        **extra,
+        "psnr_curve": dg.MetadataValue.md(_md_table(["cycle", "mean PSNR (dB)"], curve_rows)),
+        "psnr_curve_chart": curve(meta["mean_psnr_curve_db"], f"mean PSNR after each q{s.jpeg_quality} cycle",
+                                  "dB", threshold=s.q92_min_psnr_db),
+        "per_image": dg.MetadataValue.json(meta["images"]),
+        "min_psnr_db_bound": dg.MetadataValue.text(f"{s.q92_min_psnr_db} dB"),
+    }
 
 
 ingest_job = dg.define_asset_job(

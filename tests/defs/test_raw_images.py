@@ -298,7 +298,7 @@ sources:
 
 def test_q92_verdict_blocks_only_a_first_generation_below_the_bound() -> None:
     from prx_assets.core.ingest.jpeg_quality import CycleCurve, QualityReport
-    from prx_assets.defs.ingest import q92_verdict
+    from prx_assets.core.ingest.q92_check import q92_verdict
 
     def report(*curve: float) -> QualityReport:
         rep = QualityReport(quality=92, cycles=len(curve), min_psnr_db=37.0)
@@ -319,7 +319,9 @@ def test_q92_check_samples_again_from_the_source_when_ingest_measured_other_sett
     import dataclasses
 
     from prx_assets.core.config.project import load_sources
-    from prx_assets.defs.ingest import ingest_sample, reread_sample
+    from prx_assets.core.ingest.q92_check import reread_sample
+    from prx_assets.core.ingest.readers import reader_for
+    from prx_assets.defs.ingest import ingest_sample
 
     with dg.instance_for_test() as instance:
         found = run_sensor(instance, folder_source["resources"])
@@ -332,7 +334,7 @@ def test_q92_check_samples_again_from_the_source_when_ingest_measured_other_sett
         assert ingest_sample(instance, "photos-00001", other) is None
         rows = lance.dataset(str(folder_source["root"] / "lance" / "images.lance")).to_table(
             filter="batch = 'photos-00001'").to_pylist()
-        again = reread_sample(rows, len(rows), cfg, folder_source["resources"]["s3"], other)
+        again = reread_sample(rows, len(rows), reader_for(cfg, s3_client=folder_source["resources"]["s3"].get_client), other)
         assert sorted(c.label for c in again.curves) == sorted(c.label for c in at_ingest)
         by_label = {c.label: c for c in at_ingest}
         for c in again.curves:  # same pixels, same tiles: the same curve, plus the PNG sizes asked for
@@ -347,7 +349,9 @@ def test_a_tile_estimate_near_the_bound_is_measured_again_whole(folder_source: d
     from prx_assets.core.config.project import load_sources
     from prx_assets.core.ingest.images import prepare_rgb
     from prx_assets.core.ingest.jpeg_quality import QualityReport, cycle_curve
-    from prx_assets.defs.ingest import confirm_whole, ingest_sample
+    from prx_assets.core.ingest.q92_check import confirm_whole
+    from prx_assets.core.ingest.readers import reader_for
+    from prx_assets.defs.ingest import ingest_sample
     from tests.helpers import encode, photo
 
     cfg_path: Path = folder_source["config"]
@@ -379,7 +383,8 @@ def test_a_tile_estimate_near_the_bound_is_measured_again_whole(folder_source: d
         changed = Path(rows[0]["uri"])
         changed.write_bytes(encode(photo(240, 180, seed=77), "JPEG"))
         report = QualityReport(quality=92, cycles=10, min_psnr_db=37.0, curves=list(tiled))  # as ingest measured it
-        again, done, kept = confirm_whole(report, rows, cfg, folder_source["resources"]["s3"], cfg.ingest)
+        again, done, kept = confirm_whole(report, rows, reader_for(cfg, s3_client=folder_source["resources"]["s3"].get_client),
+                                          cfg.ingest)
         assert done == len(tiled) - 1 and list(kept) == [changed.name]
         assert "changed since ingest" in kept[changed.name]
         assert next(c for c in again.curves if c.label == changed.name) in tiled
