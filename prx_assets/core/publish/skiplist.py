@@ -4,10 +4,11 @@ A shard set published as a delta hides samples of its earlier streams through ``
 (see :mod:`prx_assets.core.publish.incremental`). The loader needs those samples where an epoch
 is arranged, which streaming does once per node and epoch, in one process. This module holds
 them as one roaring bitmap (pyroaring's ``BitMap64``; key ``stream << 32 | index``): runs,
-arrays and bitmaps chosen per 2^16 keys by the library, so a clustered opt-out of a million
-samples costs a few bytes and 10^7 samples spread over 5x10^7 cost 0.63 bytes each. The bitmap
-is written once, content-addressed, under the node's temp folder; what a DataLoader worker
-receives is its path, and only the process that arranges an epoch reads it.
+arrays and bitmaps chosen per 2^16 keys by the library, so a clustered opt-out costs almost
+nothing and a spread one under a byte a skipped sample at the compaction bound (measured by
+``python -m bench loader``: docs/benchmarks/loader.md). The bitmap is written once,
+content-addressed, under the node's temp folder; what a DataLoader worker receives is its path,
+and only the process that arranges an epoch reads it.
 """
 
 from __future__ import annotations
