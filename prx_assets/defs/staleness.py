@@ -14,14 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.data_version import DATA_VERSION_TAG
-from dagster._core.events import DagsterEventType
+from dagster import DagsterEventType
 
 from prx_assets.core.config.project import SourcesConfig
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.ingest.batches import load_manifest, manifest_hashes, parse_batch_key
 from prx_assets.core.models.config import ModelsConfig
 from prx_assets.resources.storage import ProjectConfigResource
+
+#: The tag a materialization's data version is stored under (Dagster's documented tag name; the
+#: constant itself is only in ``dagster._core``).
+DATA_VERSION_TAG = "dagster/data_version"
 
 FINGERPRINT_KEY = "prx/fingerprint"
 #: In a run over several partitions (a batched backfill): JSON {partition key: fingerprint}.

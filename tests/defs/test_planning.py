@@ -90,3 +90,13 @@ def test_registering_keys_another_process_just_added_is_not_an_error(tmp_path: P
         monkeypatch.setattr(instance, "add_dynamic_partitions", racing)
         assert register_partitions(instance, []) == ["s-00001", "s-00002"]
         assert sorted(instance.get_dynamic_partitions("raw_batches")) == ["s-00001", "s-00002"]
+
+
+def test_the_data_version_tag_is_dagsters() -> None:
+    """staleness.py names the tag itself (Dagster exports it only from ``dagster._core``): a Dagster
+    release that renames it fails here, not in the planner."""
+    from dagster._core.definitions.data_version import DATA_VERSION_TAG
+
+    from prx_assets.defs import staleness
+
+    assert staleness.DATA_VERSION_TAG == DATA_VERSION_TAG
