@@ -40,12 +40,11 @@ BATCH = 16
 def _mixture(root: Path) -> tuple[str, set[int]]:
     from prx_assets.core.demo.shard_sets import skip_pattern, write_mixture, write_shard_set
 
-    a = write_shard_set(root / "a", (2560, 640), [skip_pattern(2560, 0.2, "clustered"), skip_pattern(640, 0.2, "spread")],
-                        recipe="a")
+    base, delta = skip_pattern(2560, 0.2, "clustered"), skip_pattern(640, 0.2, "spread")
+    a = write_shard_set(root / "a", (2560, 640), [base, delta], recipe="a")
     b = write_shard_set(root / "b", (960,), recipe="b", first_uid=3200)
     write_mixture(root / "spec.json", "bench", [(a, {"proportion": 0.7}), (b, {"proportion": 0.3})])
-    return str(root / "spec.json"), {int(i) for i in skip_pattern(2560, 0.2, "clustered")} | \
-        {2560 + int(i) for i in skip_pattern(640, 0.2, "spread")}
+    return str(root / "spec.json"), {int(i) for i in base} | {2560 + int(i) for i in delta}
 
 
 def ranks_figures(root: Path) -> dict[str, Any]:

@@ -127,8 +127,8 @@ def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec
     """Physical streams and skipped samples of ``shard_sets`` (all samples), or of a mixture ``spec``
     (of its ``phase`` when it has phases; each logical stream's proportion / repeat / choose split
     over its physical streams by their live sample counts)."""
-    chosen = spec.phase(phase) if spec is not None else None
-    mixed = chosen.streams if chosen is not None else spec.streams if spec is not None else ()
+    in_phase = spec.phase(phase) if spec is not None else None
+    mixed = in_phase.streams if in_phase is not None else spec.streams if spec is not None else ()
     logical: list[tuple[ShardSetManifest, MixtureStream | None]] = (
         [(read_manifest(s.uri), s) for s in mixed] if spec is not None
         else [(read_manifest(s), None) for s in shard_sets])
@@ -158,7 +158,7 @@ def resolve(shard_sets: Sequence[str | ShardSetManifest] = (), spec: MixtureSpec
         skip_indices.append(hidden[kept])
     return ResolvedStreams(uris=uris, sidecars=sidecars, skip_streams=np.concatenate(skip_streams or [np.zeros(0, np.int64)]),
                            skip_indices=np.concatenate(skip_indices or [np.zeros(0, np.int64)]), live=lives,
-                           weights=weights, epoch_size=chosen.epoch_size if chosen is not None else
+                           weights=weights, epoch_size=in_phase.epoch_size if in_phase is not None else
                            spec.epoch_size if spec is not None else None)
 
 

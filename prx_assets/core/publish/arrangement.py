@@ -66,8 +66,7 @@ def resample_live(dataset: Any, skips: SkipList, live: NDArray[np.int64], epoch:
         first = int(dataset.shard_offset_per_stream[sid])
         shard_ids = first + np.arange(int(dataset.shards_per_stream[sid]))
         counts = live[shard_ids]
-        used = shard_ids[counts > 0]
-        if not len(used):
+        if not counts.any():
             continue
         choose = np.zeros(len(shard_ids), np.int64)
         choose[counts > 0] = get_sampling(counts[counts > 0], int(dataset.streams[sid].choose),

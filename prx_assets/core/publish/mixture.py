@@ -22,6 +22,7 @@ spec has the same per phase, with the phase's steps and resolution (its version 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -169,6 +170,7 @@ def resolve(mixture: Mixture, shard_set: Callable[[str], ShardSetManifest]) -> M
     ``shard_set(recipe)`` returns the manifest of the recipe's current shard set. The spec's
     ``mixture_version`` hashes everything else in it.
     """
+    shard_set = functools.cache(shard_set)  # a recipe several phases read is looked up once
     if not mixture.phases:
         streams, epoch, expected = _resolve_streams(mixture.streams, mixture.epoch_size, shard_set)
         return MixtureSpec(name=mixture.name, epoch_size=epoch, streams=streams,
