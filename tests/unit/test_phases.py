@@ -127,3 +127,15 @@ def test_lineage_shows_the_phases() -> None:
                                         "expected_per_epoch": 250}]}]}
     text = render(mixture)
     assert "phase low_res: 30 steps at resolution 16, epoch 500: a proportion 0.5 (s-a)" in text
+
+
+def test_the_mixture_asset_shows_each_phase(tmp_path: Path) -> None:
+    from prx_assets.defs.mixture import streams_table
+
+    cfg = tmp_path / "mixtures.yaml"
+    cfg.write_text(PHASED)
+    spec = resolve(load_mixtures(cfg)["progressive"], _sets(tmp_path).__getitem__)
+    rows = streams_table(spec).splitlines()[2:]
+    assert [r.split(" | ")[:4] for r in rows] == [["| low_res", "30", "16", "a"], ["| low_res", "30", "16", "b"],
+                                                   ["| anneal", "10", "32", "b"]]
+    assert rows[-1].endswith("| 100 |")  # choose 100 of b in the anneal
