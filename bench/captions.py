@@ -30,7 +30,8 @@ from prx_assets.core.ingest.pipeline import ingest_batch
 from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, IMAGES_TABLE
 from prx_assets.core.lab.table import table_uri
-from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner
+from prx_assets.core.models.caption_spec import CaptionerSpec
+from prx_assets.core.models.captions import TransformersCaptioner
 
 TOKENS = int(os.environ.get("PRX_BENCH_TOKENS", "24"))
 IMAGES = int(os.environ.get("PRX_BENCH_CAPTION_IMAGES", "48"))

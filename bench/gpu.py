@@ -264,7 +264,8 @@ def bare_generate(cap: Any, images: list[Any], batch_size: int, tokens: int) -> 
 
 def measure_captions(plan: dict[str, Any], device: str, work: Path, budget: Budget) -> dict[str, Any]:
     """Ours vs bare per shape and batch size (see module docs)."""
-    from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner
+    from prx_assets.core.models.caption_spec import CaptionerSpec
+    from prx_assets.core.models.captions import TransformersCaptioner
 
     jpegs = jpeg_corpus(plan["images"], plan["sizes"])
     tokens = plan["tokens"]

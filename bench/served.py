@@ -27,7 +27,7 @@ from PIL import Image
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.demo.corpus import generate_demo_corpus
 from prx_assets.core.demo.tiny_models import build_tiny_qwen3_vl
-from prx_assets.core.models.captions import DEFAULT_PROMPT, CaptionerSpec
+from prx_assets.core.models.caption_spec import DEFAULT_PROMPT, CaptionerSpec
 from prx_assets.core.models.served import OpenAICaptioner, transformers_server
 
 TOKENS = int(os.environ.get("PRX_BENCH_TOKENS", "24"))

@@ -311,8 +311,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Materialize missing or stale partitions in dependency order."""
     from prx_assets.core.ingest.early import settle, take_found
     from prx_assets.core.ingest.readahead import READAHEAD
+    from prx_assets.core.stages.ingest import expect_batches
     from prx_assets.definitions import defs
-    from prx_assets.defs.ingest import RAW_IMAGES, discover_batches, expect_batches, ingest_resources
+    from prx_assets.defs.ingest import RAW_IMAGES, discover_batches, ingest_resources
     from prx_assets.defs.partitions import orphan_partitions
     from prx_assets.defs.quarantine import failures_not_holding_back, reads_failed
 
@@ -953,6 +954,37 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="only list what would run")
     r.add_argument("-v", "--verbose", action="store_true", help="show Dagster run logs")
     r.set_defaults(fn=cmd_run)
+    _add_query(sub)
+    st = sub.add_parser("status", help="sources, batches, every asset's partitions and the tables")
+    st.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    st.set_defaults(fn=cmd_status)
+    _add_doctor(sub)
+    pa_ = sub.add_parser("partitions", help="registered dynamic partitions and orphans (keys nothing backs)")
+    pa_.add_argument("--prune", action="store_true", help="remove orphaned partitions")
+    pa_.set_defaults(fn=cmd_partitions)
+    rj = sub.add_parser("rejects", help="list rejected files with reasons")
+    rj.add_argument("--source")
+    rj.add_argument("--reason")
+    rj.add_argument("--limit", type=int, default=50)
+    rj.add_argument("--json", action="store_true", help="JSON lines")
+    rj.set_defaults(fn=cmd_rejects)
+    _add_optout(sub)
+    mg = sub.add_parser("migrate", help="bring a data root written by an earlier release up to this one "
+                                        "(batch manifests keyed relative to their source); idempotent")
+    mg.add_argument("-v", "--verbose", action="store_true", help="say what the upgrade changes even if nothing "
+                                                                 "was rewritten")
+    mg.set_defaults(fn=cmd_migrate)
+    li = sub.add_parser("lineage", help="training run or shard set -> mixture, shard sets, subsets, Lance "
+                                        "version, captioners, code versions, sources")
+    li.add_argument("target", help="a training run's Dagster run id, training_run[<mixture>], a mixture name, "
+                                   "a shard set id, or a shard set folder/URI")
+    li.add_argument("--json", action="store_true", help="JSON instead of a tree")
+    li.set_defaults(fn=cmd_lineage)
+    return p
+
+
+def _add_query(sub: Any) -> None:
+    """``prx-assets query``."""
     q = sub.add_parser("query", help="query the lab (filters, --near, --text, --version/--tag, --explain)")
     q.add_argument("--where", help="SQL predicate, e.g. \"width >= 1024 AND source = 'photos'\"")
     q.add_argument("--columns", help="comma-separated columns (default: image_id, source, width, height, "
@@ -967,9 +999,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     q.add_argument("--versions", action="store_true", help="list versions and tags (a table; --json for JSON)")
     q.set_defaults(fn=cmd_query)
-    st = sub.add_parser("status", help="sources, batches, every asset's partitions and the tables")
-    st.add_argument("--json", action="store_true", help="one JSON document instead of text")
-    st.set_defaults(fn=cmd_status)
+
+
+def _add_doctor(sub: Any) -> None:
+    """``prx-assets doctor``."""
     dr = sub.add_parser("doctor", help="find (--repair: fix) duplicate keys, orphan partitions, leaked "
                                        "staging/cache folders and Dagster runs that will not end on their own")
     dr.add_argument("--repair", action="store_true", help="fix what is found (a stuck run: its processes are "
@@ -984,15 +1017,10 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--older-than-hours", type=float, default=6.0,
                     help="staging and cache folders untouched this long count as leaked (default 6)")
     dr.set_defaults(fn=cmd_doctor)
-    pa_ = sub.add_parser("partitions", help="registered dynamic partitions and orphans (keys nothing backs)")
-    pa_.add_argument("--prune", action="store_true", help="remove orphaned partitions")
-    pa_.set_defaults(fn=cmd_partitions)
-    rj = sub.add_parser("rejects", help="list rejected files with reasons")
-    rj.add_argument("--source")
-    rj.add_argument("--reason")
-    rj.add_argument("--limit", type=int, default=50)
-    rj.add_argument("--json", action="store_true", help="JSON lines")
-    rj.set_defaults(fn=cmd_rejects)
+
+
+def _add_optout(sub: Any) -> None:
+    """``prx-assets optout``."""
     oo = sub.add_parser("optout", help="record an opt-out request (image ids or source URIs); the next run "
                                          "removes those images from every subset and shard set")
     oo.add_argument("--ids", help="file with one lab image id per line")
@@ -1004,18 +1032,6 @@ def build_parser() -> argparse.ArgumentParser:
     oo.add_argument("--retention-hours", type=float, default=0.0,
                     help="with --erase: keep lab versions this recent (default 0: remove every older version now)")
     oo.set_defaults(fn=cmd_optout)
-    mg = sub.add_parser("migrate", help="bring a data root written by an earlier release up to this one "
-                                        "(batch manifests keyed relative to their source); idempotent")
-    mg.add_argument("-v", "--verbose", action="store_true", help="say what the upgrade changes even if nothing "
-                                                                 "was rewritten")
-    mg.set_defaults(fn=cmd_migrate)
-    li = sub.add_parser("lineage", help="training run or shard set -> mixture, shard sets, subsets, Lance "
-                                        "version, captioners, code versions, sources")
-    li.add_argument("target", help="a training run's Dagster run id, training_run[<mixture>], a mixture name, "
-                                   "a shard set id, or a shard set folder/URI")
-    li.add_argument("--json", action="store_true", help="JSON instead of a tree")
-    li.set_defaults(fn=cmd_lineage)
-    return p
 
 
 def quiet_known_warnings() -> None:

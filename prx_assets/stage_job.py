@@ -2,7 +2,9 @@
 
 ``python -m prx_assets.stage_job image_embeddings photos-00000 photos-00001 --resources JSON``;
 started by :func:`prx_assets.defs.remote.run_stages`, never by hand. The partitions run one after
-another in this process, so a model loads once per job; each reports its own result.
+another in this process, so a model loads once per job; each reports its own result. A job
+imports ``dagster_pipes`` and the stage's module under :mod:`prx_assets.core.stages`, never
+Dagster itself.
 """
 
 import argparse
@@ -15,10 +17,11 @@ from dagster_pipes import open_dagster_pipes
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the stage for each partition, report each result dataclass as a Pipes custom
     message ``{"key": partition, "result": ...}``."""
-    from prx_assets.defs.remote import STAGE_HOMES, StageResources, load_stage
+    from prx_assets.core.stages import STAGES, load_stage
+    from prx_assets.core.stages.settings import StageResources
 
     p = argparse.ArgumentParser(prog="prx_assets.stage_job")
-    p.add_argument("stage", choices=sorted(STAGE_HOMES))
+    p.add_argument("stage", choices=sorted(STAGES))
     p.add_argument("partition_keys", nargs="+")
     p.add_argument("--resources", required=True)
     args = p.parse_args(argv)

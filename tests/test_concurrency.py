@@ -39,7 +39,8 @@ def _enrich(root: str, kind: str, model: str, barrier: Any) -> None:
         embeddings_schema,
         embeddings_table,
     )
-    from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner
+    from prx_assets.core.models.caption_spec import CaptionerSpec
+    from prx_assets.core.models.captions import TransformersCaptioner
     from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
 
     r = DataRoot(root)

@@ -28,6 +28,7 @@ from prx_assets.cli import main
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.demo.corpus import generate_demo_corpus
 from prx_assets.core.manifests import MixtureSpec
+from prx_assets.resources.pipes_slurm import PipesSlurmClient
 from tests.helpers import dagster_dev, graphql, wait_for
 
 REPO = Path(__file__).parents[1]
@@ -563,7 +564,7 @@ def test_a_job_still_queued_or_running_is_never_submitted_twice(slurm_cluster: N
         assert submitted_from(queued[ids["ours"]], slurm.jobs_dir()) and not submitted_from(queued[ids["other"]], slurm.jobs_dir())
         with pytest.raises(dg.Failure, match=rf"SLURM job {ids['ours']} \({name}\) is already (PENDING|RUNNING).*"
                                              rf"scancel {ids['ours']}"):
-            slurm.pipes_client().run(context=dg.build_asset_context(), module="prx_assets.training.train",
+            PipesSlurmClient(slurm).run(context=dg.build_asset_context(), module="prx_assets.training.train",
                                      job_name=name)
         assert [p.name for p in (tmp_path / "jobs").glob(f"{name}-*")] == [f"{name}-ours00"]  # no second job
         # With only the other project's job left, the guard lets this project's job through: its
@@ -573,7 +574,7 @@ def test_a_job_still_queued_or_running_is_never_submitted_twice(slurm_cluster: N
         while any(j["job_id"] == ids["ours"] for j in slurm.executor().queue()) and time.time() < deadline:
             time.sleep(0.3)
         with pytest.raises(Exception) as passed:  # anything but the refusal
-            slurm.pipes_client().run(context=dg.build_asset_context(), module="prx_assets.training.train",
+            PipesSlurmClient(slurm).run(context=dg.build_asset_context(), module="prx_assets.training.train",
                                      job_name=name)
         assert "already" not in str(passed.value), passed.value
         assert len(list((tmp_path / "jobs").glob(f"{name}-*"))) == 2

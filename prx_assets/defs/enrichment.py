@@ -1,20 +1,18 @@
 """recaptions and image_embeddings: per-image model outputs for each ingest batch."""
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
 
 from prx_assets.core.enrich.caption_quality import assess
-from prx_assets.core.enrich.decode import CAPTION_DECODE_PIXELS, EMBED_DECODE_PIXELS
-from prx_assets.core.enrich.enrichment import Decoding, EnrichResult, enrich_batch
-from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
+from prx_assets.core.enrich.enrichment import EnrichResult
+from prx_assets.core.lab.schema import CAPTIONS_TABLE, embeddings_table
 from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
+from prx_assets.core.stages.enrich import split_recaption_key as stage_key_parts
 from prx_assets.defs.ingest import raw_images
 from prx_assets.defs.partitions import captioner_partitions, raw_batches, recaption_partitions
-from prx_assets.defs.remote import StageResources, register_stage, run_stage, run_stages
+from prx_assets.defs.remote import run_stage, run_stages, stage_resources
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FINGERPRINTS_KEY,
@@ -34,10 +32,10 @@ EMBEDDING_CODE_VERSION = "embedding-1"
 
 def split_recaption_key(key: str | dg.MultiPartitionKey) -> tuple[str, str]:
     """``(batch, captioner_id)`` of a recaptions partition key (string or MultiPartitionKey)."""
-    mk = key if isinstance(key, dg.MultiPartitionKey) else \
-        recaption_partitions.get_partition_key_from_str(str(key))
-    dims = mk.keys_by_dimension
-    return dims["batch"], dims["captioner"]
+    if isinstance(key, dg.MultiPartitionKey):
+        dims = key.keys_by_dimension
+        return dims["batch"], dims["captioner"]
+    return stage_key_parts(str(key))
 
 
 def _upstream_version(ctx: FingerprintContext, batch: str) -> str:
@@ -88,70 +86,6 @@ def _enrich_metadata(res: EnrichResult, uri: str, fingerprint: str) -> dict[str,
     }
 
 
-def recaption_stage(res: StageResources, key: str, log: Callable[[str], None]) -> EnrichResult:
-    """The work of one recaptions partition (in-process or inside a job)."""
-    batch, captioner_id = split_recaption_key(key)
-    spec = res.project.models().captioner(captioner_id)
-    captioner = res.captioner or CaptionerResource()
-
-    def factory() -> Any:
-        held, started = captioner.is_loaded(spec), time.perf_counter()
-        loaded = captioner.load(spec)
-        if not held:
-            log(f"loaded captioner {captioner_id} ({spec.model}) on {getattr(loaded, 'device', 'a server')} "
-                f"in {time.perf_counter() - started:.1f} s")
-
-        def compute(images: Any) -> list[dict[str, Any]]:
-            return [{"caption": r.text, "tokens": r.tokens, "seconds": r.seconds,
-                     "hit_max_tokens": r.hit_max_tokens, "model": spec.model}
-                    for r in loaded.caption(images)]
-        return compute
-
-    return enrich_batch(res.storage.root(), batch, CAPTIONS_TABLE, CAPTIONS_SCHEMA, "captioner_id", captioner_id,
-                        ["caption", "tokens", "seconds", "hit_max_tokens", "model"], factory,
-                        decoding=Decoding(count=max(1, captioner.effective(spec).batch_size) * 8,
-                                          max_pixels=spec.max_pixels or CAPTION_DECODE_PIXELS))
-
-
-def embedding_stage(res: StageResources, key: str, log: Callable[[str], None]) -> EnrichResult:
-    """The work of one image_embeddings partition (in-process or inside a job)."""
-    models = res.project.models()
-    if models.embedder is None:
-        raise ValueError(f"no embedder configured in {models.path}; add embedder: {{model: ...}}")
-    spec = models.embedder
-    embedder = res.embedder or EmbedderResource()
-    root = res.storage.root()
-    load_seconds = 0.0
-
-    def model() -> Any:
-        nonlocal load_seconds
-        if embedder.is_loaded(spec):
-            return embedder.load(spec)
-        started = time.perf_counter()
-        loaded = embedder.load(spec)
-        load_seconds = time.perf_counter() - started
-        log(f"loaded embedder {spec.embedder_id()} ({spec.model}) in {load_seconds:.1f} s")
-        return loaded
-
-    def factory() -> Any:
-        loaded = model()
-
-        def compute(images: Any) -> list[dict[str, Any]]:
-            return [{"embedding": v.tolist(), "model": spec.model} for v in loaded.embed(images)]
-        return compute
-
-    name = embeddings_table(spec.embedder_id())
-    existing = open_table(table_uri(root, name), root.storage_options())
-    dim = existing.schema.field("embedding").type.list_size if existing is not None else model().dim
-    result = enrich_batch(root, key, name, embeddings_schema(dim, spec.vector_dtype), "embedder_id", spec.embedder_id(),
-                          ["embedding", "model"], factory,
-                          decoding=Decoding(count=max(1, spec.batch_size), max_pixels=EMBED_DECODE_PIXELS))
-    result.load_seconds = load_seconds  # including a load for the first batch's vector size
-    return result
-
-
-register_stage("recaptions", recaption_stage, EnrichResult)
-register_stage("image_embeddings", embedding_stage, EnrichResult)
 
 
 @dg.asset(
@@ -178,7 +112,7 @@ def recaptions(context: dg.AssetExecutionContext, storage: StorageResource, proj
     spec = models.captioner(captioner_id)
     root = storage.root()
     res = run_stage(context, slurm, "recaptions", str(context.partition_key),
-                    StageResources(storage=storage, project=project, captioner=captioner))
+                    stage_resources(storage=storage, project=project, captioner=captioner))
     context.log.info(f"{context.partition_key}: {res.summary()}")
     fp = recaptions_fingerprint(FingerprintContext(root=root, sources=None, instance=context.instance,
                                                    models=models), context.partition_key)
@@ -263,7 +197,7 @@ def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource
     root = storage.root()
     name = embeddings_table(embedder_id)
     keys = list(context.partition_keys)
-    resources = StageResources(storage=storage, project=project, embedder=embedder)
+    resources = stage_resources(storage=storage, project=project, embedder=embedder)
     results = run_stages(context, slurm, "image_embeddings", keys, resources)  # one process: one model load
     table = open_table(table_uri(root, name), root.storage_options())
     dim = table.schema.field("embedding").type.list_size if table is not None else 0

@@ -3,28 +3,27 @@
 
 import json
 import time
-from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
 
 from prx_assets.core.config.project import IngestSettings, SourcesConfig
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.core.ingest.batches import discover_sources, load_manifest, parse_batch_key
+from prx_assets.core.ingest.batches import discover_sources, parse_batch_key
 from prx_assets.core.ingest.jpeg_quality import (
     CycleCurve,
     QualityReport,
     needs_confirmation,
 )
-from prx_assets.core.ingest.pipeline import IngestResult, ingest_batch
+from prx_assets.core.ingest.pipeline import IngestResult
 from prx_assets.core.ingest.q92_check import confirm_whole, q92_verdict, reread_sample, storage_summary
-from prx_assets.core.ingest.readahead import READAHEAD, BatchInputs
 from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import IMAGES_TABLE
 from prx_assets.core.lab.sql import where_eq
 from prx_assets.core.lab.table import open_table, table_uri
+from prx_assets.core.stages.settings import StageResources
 from prx_assets.defs.partitions import missing_partitions, raw_batches
-from prx_assets.defs.remote import StageResources, register_stage, run_stage
+from prx_assets.defs.remote import run_stage, stage_resources
 from prx_assets.defs.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
@@ -113,51 +112,14 @@ def ingest_metadata(result: IngestResult, fingerprint: str, settings: IngestSett
     }
 
 
-def batch_inputs(res: StageResources, key: str) -> BatchInputs:
-    """What ingesting partition ``key`` reads: its data root, source configuration and manifest."""
-    cfg = res.project.sources().get(parse_batch_key(key)[0])
-    root = res.storage.root()
-    return BatchInputs(resources=res.to_json(), source=cfg, manifest=load_manifest(root, key),
-                       reader=reader_for(cfg, s3_client=(res.s3 or S3Resource()).get_client))
-
-
 def ingest_resources(defs: dg.Definitions, keys: list[dg.AssetKey]) -> StageResources | None:
-    """The resources ``raw_images`` runs with in this process, when ``keys`` include it and its
+    """The settings ``raw_images`` runs with in this process, when ``keys`` include it and its
     stage runs in-process (not as SLURM jobs); else ``None``: nothing to read ahead here."""
     res = defs.resources
     slurm = res.get("slurm")
     if RAW_IMAGES not in keys or (isinstance(slurm, SlurmResource) and "raw_images" in slurm.stages):
         return None
-    return StageResources(storage=res["storage"], project=res["project"], s3=res.get("s3"))
-
-
-def expect_batches(res: StageResources, keys: list[str]) -> None:
-    """Tell the process's read-ahead that it ingests ``keys`` next, in that order (see
-    :mod:`prx_assets.core.ingest.readahead`)."""
-    READAHEAD.expect(keys, lambda key: batch_inputs(res, key))
-
-
-def ingest_stage(res: StageResources, key: str, log: Callable[[str], None]) -> IngestResult:
-    """The work of one raw_images partition (in-process or inside a job). What the process read of
-    it ahead (see :func:`expect_batches`) is taken over when it came from the same inputs."""
-    inputs = batch_inputs(res, key)
-    cfg, manifest = inputs.source, inputs.manifest
-    root = res.storage.root()
-    log(f"ingesting {key}: {len(manifest.units)} units ({manifest.weight} items) "
-        f"from {cfg.kind} source {cfg.location}")
-    ahead = READAHEAD.take(inputs)
-    result = ingest_batch(manifest, inputs.reader, root, cfg.ingest,
-                          outcomes=ahead.outcomes() if ahead is not None else None,
-                          on_drained=lambda: READAHEAD.after(key))
-    if ahead is not None:
-        result.read_ahead, result.read_ahead_seconds = ahead.taken, ahead.taken_after
-    log(f"{key}: {result.rows} rows, {result.rejected} rejects {result.rejects}, "
-        f"Lance version {result.images_version}"
-        + (f", {result.read_ahead} images read ahead" if result.read_ahead else ""))
-    return result
-
-
-register_stage("raw_images", ingest_stage, IngestResult)
+    return stage_resources(storage=res["storage"], project=res["project"], s3=res.get("s3"))
 RAW_IMAGES = dg.AssetKey("raw_images")
 
 
@@ -182,7 +144,7 @@ def raw_images(context: dg.AssetExecutionContext, storage: StorageResource,
     that last changed this partition.
     """
     key = context.partition_key
-    result = run_stage(context, slurm, "raw_images", key, StageResources(storage=storage, project=project, s3=s3))
+    result = run_stage(context, slurm, "raw_images", key, stage_resources(storage=storage, project=project, s3=s3))
     root = storage.root()
     sources = project.sources()
     settings = sources.get(parse_batch_key(key)[0]).ingest

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import dagster as dg
-from dagster._core.event_api import PartitionKeyFilter
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+from prx_assets.compat.dagster_checks import latest_failures
 
 
 def blocking_checks(defs: dg.Definitions, key: dg.AssetKey) -> list[dg.AssetCheckKey]:
@@ -39,22 +39,16 @@ def failed_partitions(instance: dg.DagsterInstance, check_key: dg.AssetCheckKey,
     ``check_key``, on their latest materialization, failed."""
     if partitions is not None and not partitions:
         return {}
-    infos = instance.event_log_storage.get_asset_check_partition_info(
-        [check_key], partition_keys=list(partitions) if partitions is not None else None)
     out: dict[str | None, str] = {}
-    for info in infos:
-        if info.latest_execution_status != AssetCheckExecutionRecordStatus.FAILED or not info.is_current:
-            continue
+    for state in latest_failures(instance, check_key, partitions):
         # Like a Dagster run, only an ERROR-severity failure blocks (a WARN one is a warning).
-        latest = instance.event_log_storage.get_asset_check_execution_history(
-            check_key, limit=1, partition_filter=PartitionKeyFilter(key=info.partition_key))
-        evaluation = latest[0].evaluation if latest else None
+        evaluation = state.evaluation
         if evaluation is not None and evaluation.severity != dg.AssetCheckSeverity.ERROR:
             continue
-        where = f"[{info.partition_key}]" if info.partition_key else ""
+        where = f"[{state.partition}]" if state.partition else ""
         detail = f": {evaluation.description}" if evaluation is not None and evaluation.description else ""
-        out[info.partition_key] = (f"{check_key.asset_key.to_user_string()}{where} failed its blocking check "
-                                   f"{check_key.name}{detail}")
+        out[state.partition] = (f"{check_key.asset_key.to_user_string()}{where} failed its blocking check "
+                                 f"{check_key.name}{detail}")
     return out
 
 

@@ -19,7 +19,7 @@ from prx_assets.defs.staleness import (
     latest_materialization,
     register_fingerprint,
 )
-from prx_assets.resources.pipes_slurm import plain, reported_result
+from prx_assets.resources.pipes_slurm import PipesSlurmClient, plain, reported_result
 from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 from prx_assets.training.args import DEFAULTS, TrainerArgs
@@ -138,7 +138,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingConfig, stor
         return dg.MaterializeResult(metadata={**earlier["metadata"], "trained_in_run": earlier["run_id"],
                                               "reused_training": True},
                                     data_version=dg.DataVersion(earlier["data_version"]))
-    invocation = slurm.pipes_client().run(
+    invocation = PipesSlurmClient(slurm).run(
         context=context, module=TRAINER_MODULE, args=args, job_name=job_name_for("train", mixture),
         extras={"mixture": mixture, "mixture_version": version}, training=True, work_key=work_key,
         record={"checkpoint_dir": ckpt_dir})

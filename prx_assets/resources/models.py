@@ -7,24 +7,19 @@ model once.
 """
 
 import dataclasses
-import threading
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.models.captions import Captioner, CaptionerSpec, load_captioner
+from prx_assets.core.models.caption_spec import Captioner, CaptionerSpec
 from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
-
-_CACHE: dict[tuple[Any, ...], Any] = {}
-_LOCK = threading.Lock()
+from prx_assets.core.stages.settings import CaptionerSettings, EmbedderSettings
 
 
-def _cached(key: tuple[Any, ...], build: Any) -> Any:
-    with _LOCK:
-        if key not in _CACHE:
-            _CACHE[key] = build()
-        return _CACHE[key]
+def settings_of(resource: dg.ConfigurableResource, cls: type) -> Any:
+    """The core settings ``cls`` (a dataclass with the resource's fields) of a configured resource."""
+    return cls(**{f.name: getattr(resource, f.name) for f in dataclasses.fields(cls)})
 
 
 class CaptionerResource(dg.ConfigurableResource):
@@ -44,31 +39,21 @@ class CaptionerResource(dg.ConfigurableResource):
         default=0.25, description="caption_quality warns when more captions than this are flagged.")
     min_words: int = Field(default=5, description="Captions with fewer words are flagged too_short.")
 
+    def settings(self) -> CaptionerSettings:
+        """These settings, for a stage (in-process or in a job)."""
+        return settings_of(self, CaptionerSettings)
+
     def effective(self, spec: CaptionerSpec) -> CaptionerSpec:
         """The spec with this resource's overrides applied (the captioner id is unchanged)."""
-        changes: dict[str, Any] = {}
-        if self.dtype:
-            changes["dtype"] = self.dtype
-        if self.batch_size:
-            changes["batch_size"] = self.batch_size
-        if self.backend:
-            changes["backend"] = self.backend
-        if self.server_url:
-            changes["server_url"] = self.server_url
-        if self.concurrency:
-            changes["concurrency"] = self.concurrency
-        if self.server_api:
-            changes["server_api"] = self.server_api
-        return spec if not changes else type(spec)(**{**spec.__dict__, **changes})
+        return self.settings().effective(spec)
 
     def load(self, spec: CaptionerSpec) -> Captioner:
-        """The loaded captioner (cached per process)."""
-        eff = self.effective(spec)
-        return _cached(("captioner", eff, self.device), lambda: load_captioner(eff, self.device))
+        """The loaded captioner (kept per process)."""
+        return self.settings().load(spec)
 
     def is_loaded(self, spec: CaptionerSpec) -> bool:
         """Whether this process already holds the captioner (``load`` returns at once)."""
-        return ("captioner", self.effective(spec), self.device) in _CACHE
+        return self.settings().is_loaded(spec)
 
 
 class EmbedderResource(dg.ConfigurableResource):
@@ -77,16 +62,18 @@ class EmbedderResource(dg.ConfigurableResource):
     device: str = Field(default="auto", description="auto (CUDA when available), cpu, cuda ...")
     batch_size: int | None = Field(default=None, description="Override the embedder's batch size.")
 
+    def settings(self) -> EmbedderSettings:
+        """These settings, for a stage (in-process or in a job)."""
+        return settings_of(self, EmbedderSettings)
+
     def effective(self, spec: EmbedderSpec) -> EmbedderSpec:
-        """The spec with this resource's batch-size override applied; every other field (the stored
-        ``vector_dtype`` included, and so the embedder id) is the spec's."""
-        return spec if not self.batch_size else dataclasses.replace(spec, batch_size=self.batch_size)
+        """The spec with this resource's batch-size override applied (the embedder id is unchanged)."""
+        return self.settings().effective(spec)
 
     def load(self, spec: EmbedderSpec) -> ImageEmbedder:
-        """The loaded embedder (cached per process)."""
-        eff = self.effective(spec)
-        return _cached(("embedder", eff, self.device), lambda: ImageEmbedder(eff, self.device))
+        """The loaded embedder (kept per process)."""
+        return self.settings().load(spec)
 
     def is_loaded(self, spec: EmbedderSpec) -> bool:
         """Whether this process already holds the embedder (``load`` returns at once)."""
-        return ("embedder", self.effective(spec), self.device) in _CACHE
+        return self.settings().is_loaded(spec)

@@ -1,7 +1,7 @@
 """Dagster Pipes over SLURM: run a Python module as a job and stream its logs and results back.
 
 The context and message files live in the shared job folder (``PipesFileContextInjector``,
-``PipesFileMessageReader``), so the job's logs, metadata and materialization reach the Dagster
+:class:`LineFileMessageReader`), so the job's logs, metadata and materialization reach the Dagster
 run wherever the job ran. A failed, cancelled or timed-out job fails the step with the tail of
 the job log; interrupting the step (run termination) cancels the job. A run that was killed
 (not terminated) leaves its job running; the next run for the same work adopts it.
@@ -70,35 +70,52 @@ def tail_lines(path: str, should_stop: Callable[[], bool], poll_s: float = 0.01)
         yield pending
 
 
-class LineFileMessageReader(dg.PipesFileMessageReader):
-    """``PipesFileMessageReader`` that parses only complete lines (see :func:`tail_lines`)."""
+class LineFileMessageReader(dg.PipesMessageReader):
+    """Pipes message reader that tails a file in the shared job folder and parses only complete
+    lines (see :func:`tail_lines`), written on Dagster's public ``PipesMessageReader``.
 
-    def _reader_thread(self, handler: Any, is_resource_complete: Event) -> None:
+    Dagster's ``PipesFileMessageReader`` hands a half-written line to ``json.loads`` when the job
+    is mid-write, and truncates the file when a session opens; ``keep_existing`` reads an adopted
+    job's file from its first line instead (what the job already wrote stays).
+    """
+
+    def __init__(self, path: str, include_stdio_in_messages: bool = False, cleanup_file: bool = True,
+                 keep_existing: bool = False) -> None:
+        self.path = path
+        self.include_stdio_in_messages = include_stdio_in_messages
+        self.cleanup_file = cleanup_file
+        self.keep_existing = keep_existing
+
+    @contextmanager
+    def read_messages(self, handler: dg.PipesMessageHandler) -> Iterator[dict[str, Any]]:
+        """Tail the file on a thread until the session closes; yields where the job writes."""
+        if not self.keep_existing:
+            open(self.path, "w", encoding="utf-8").close()
+        closed = Event()
+        thread = Thread(target=self.read_until, args=(handler, closed), daemon=True)
+        thread.start()
         try:
-            for line in tail_lines(self._path, is_resource_complete.is_set):
+            yield {PipesDefaultMessageWriter.FILE_PATH_KEY: self.path,
+                   PipesDefaultMessageWriter.INCLUDE_STDIO_IN_MESSAGES_KEY: self.include_stdio_in_messages}
+        finally:
+            closed.set()
+            thread.join()
+            if self.cleanup_file and os.path.exists(self.path):
+                os.remove(self.path)
+
+    def read_until(self, handler: Any, closed: Event) -> None:
+        """Hand each complete line to ``handler`` until ``closed`` is set and the file is read."""
+        try:
+            for line in tail_lines(self.path, closed.is_set):
                 if line.strip():
                     handler.handle_message(json.loads(line))
         except BaseException:
             handler.report_pipes_framework_exception(f"{self.__class__.__name__} reader thread", sys.exc_info())
             raise
 
-
-class ExistingFileMessageReader(LineFileMessageReader):
-    """Reads the message file of an adopted job from its first line. Dagster's file reader creates
-    (truncates) the file when a session opens, which would erase what the job already wrote."""
-
-    @contextmanager
-    def read_messages(self, handler: Any) -> Iterator[dict[str, Any]]:  # type: ignore[override]
-        """Tail the existing file until the session closes (see ``PipesFileMessageReader``)."""
-        closed = Event()
-        thread = Thread(target=self._reader_thread, args=(handler, closed), daemon=True)
-        thread.start()
-        try:
-            yield {PipesDefaultMessageWriter.FILE_PATH_KEY: self._path,
-                   PipesDefaultMessageWriter.INCLUDE_STDIO_IN_MESSAGES_KEY: self._include_stdio_in_messages}
-        finally:
-            closed.set()
-            thread.join()
+    def no_messages_debug_text(self) -> str:
+        """What Dagster prints when the job sent no message."""
+        return f"Attempted to read messages from file {self.path}."
 
 
 def _closed(messages: Path) -> bool:
@@ -173,8 +190,8 @@ class PipesSlurmClient(dg.PipesClient):
         with dg.open_pipes_session(
             context=context,
             context_injector=dg.PipesFileContextInjector(str(context_file)),
-            message_reader=(ExistingFileMessageReader if adopted is not None else LineFileMessageReader)(
-                str(job_dir / MESSAGES_FILE), cleanup_file=False),
+            message_reader=LineFileMessageReader(str(job_dir / MESSAGES_FILE), cleanup_file=False,
+                                                 keep_existing=adopted is not None),
             extras=dict(extras or {}),
         ) as session:
             if adopted is None:

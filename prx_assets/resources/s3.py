@@ -12,15 +12,13 @@ every step in the process that asks with the same settings and the same ``AWS_*`
 
 from __future__ import annotations
 
-import os
-import threading
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
-_CLIENTS: dict[tuple[Any, ...], Any] = {}
-_LOCK = threading.Lock()
+from prx_assets.core.stages.settings import S3Settings
+from prx_assets.resources.models import settings_of
 
 
 class LazyClient:
@@ -51,34 +49,13 @@ class PrxS3Resource(dg.ConfigurableResource, dg.IAttachDifferentObjectToOpContex
     aws_secret_access_key: str | None = Field(default=None, description="AWS secret access key.")
     aws_session_token: str | None = Field(default=None, description="AWS session token.")
 
-    def _key(self) -> tuple[Any, ...]:
-        fields = (self.max_attempts, self.region_name, self.endpoint_url, self.use_unsigned_session,
-                  self.profile_name, self.use_ssl, self.verify, self.aws_access_key_id,
-                  self.aws_secret_access_key, self.aws_session_token)
-        return fields + tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    def settings(self) -> S3Settings:
+        """These settings, for a stage (in-process or in a job)."""
+        return settings_of(self, S3Settings)
 
     def get_client(self) -> Any:
-        """The boto3 S3 client for these settings and the current ``AWS_*`` environment."""
-        key = self._key()
-        with _LOCK:
-            client = _CLIENTS.get(key)
-            if client is None:
-                client = _CLIENTS[key] = self._build()
-        return client
-
-    def _build(self) -> Any:
-        import boto3
-        from botocore import UNSIGNED
-        from botocore.config import Config
-
-        config = Config(retries={"max_attempts": self.max_attempts, "mode": "standard"})
-        if self.use_unsigned_session:
-            config = config.merge(Config(signature_version=UNSIGNED))
-        session = boto3.session.Session(profile_name=self.profile_name)
-        return session.client("s3", region_name=self.region_name, use_ssl=self.use_ssl, verify=self.verify,
-                              endpoint_url=self.endpoint_url, aws_access_key_id=self.aws_access_key_id,
-                              aws_secret_access_key=self.aws_secret_access_key,
-                              aws_session_token=self.aws_session_token, config=config)
+        """The boto3 S3 client for these settings and the current ``AWS_*`` environment (one per process)."""
+        return self.settings().get_client()
 
     def get_object_to_set_on_execution_context(self) -> Any:
         """What ``context.resources.s3`` is: the client, built when first used."""

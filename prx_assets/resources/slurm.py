@@ -12,7 +12,6 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field
@@ -22,9 +21,6 @@ from prx_assets.core.config.project import data_root
 from prx_assets.core.jobs.executors import Executor, cluster_up, executor_for
 from prx_assets.core.jobs.render import DEFAULT_TEMPLATE, JobSpec
 from prx_assets.errors import SlurmError
-
-if TYPE_CHECKING:
-    from prx_assets.resources.pipes_slurm import PipesSlurmClient
 
 # Environment passed to jobs by name when set (never secrets: those reach jobs through the
 # cluster's own environment / --export, not through a script written to disk).
@@ -121,9 +117,3 @@ class SlurmResource(dg.ConfigurableResource):
             server_command=self.caption_server if stage == "recaptions" else None,
             server_ready_s=self.caption_server_ready_s,
         )
-
-    def pipes_client(self) -> "PipesSlurmClient":
-        """A Pipes client bound to these settings."""
-        from prx_assets.resources.pipes_slurm import PipesSlurmClient
-
-        return PipesSlurmClient(self)

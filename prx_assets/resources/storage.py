@@ -4,11 +4,12 @@
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.config.project import SourcesConfig, config_dir, data_root, load_sources
-from prx_assets.core.config.storage import DataRoot, ObjectStoreSettings
-from prx_assets.core.curate.recipes import RecipesConfig, load_recipes
-from prx_assets.core.models.config import ModelsConfig, load_models
-from prx_assets.core.publish.mixture import Mixture, load_mixtures
+from prx_assets.core.config.project import SourcesConfig
+from prx_assets.core.config.storage import DataRoot
+from prx_assets.core.curate.recipes import RecipesConfig
+from prx_assets.core.models.config import ModelsConfig
+from prx_assets.core.publish.mixture import Mixture
+from prx_assets.core.stages.settings import ProjectSettings, StorageSettings
 
 
 class StorageResource(dg.ConfigurableResource):
@@ -21,9 +22,13 @@ class StorageResource(dg.ConfigurableResource):
     data_root: str | None = Field(
         default=None, description="Data root; defaults to $PRX_DATA_ROOT, else ./data.")
 
+    def settings(self) -> StorageSettings:
+        """These settings, for a stage (in-process or in a job)."""
+        return StorageSettings(data_root=self.data_root)
+
     def root(self) -> DataRoot:
         """The data root, resolved now (not at import time)."""
-        return DataRoot(self.data_root or data_root(), ObjectStoreSettings.from_env())
+        return self.settings().root()
 
 
 class ProjectConfigResource(dg.ConfigurableResource):
@@ -32,31 +37,34 @@ class ProjectConfigResource(dg.ConfigurableResource):
     config_dir: str | None = Field(
         default=None, description="Config folder; defaults to $PRX_CONFIG_DIR, else ./config.")
 
+    def settings(self) -> ProjectSettings:
+        """These settings, for a stage (in-process or in a job)."""
+        return ProjectSettings(config_dir=self.config_dir)
+
     def path(self, name: str) -> str:
         """Path of a config file (``sources.yaml``, ``models.yaml``, ...) in the folder."""
-        base = self.config_dir or str(config_dir())
-        return f"{base.rstrip('/')}/{name}"
+        return self.settings().path(name)
 
     def sources_path(self) -> str:
         """Path of sources.yaml."""
-        return self.path("sources.yaml")
+        return self.settings().sources_path()
 
     def models_path(self) -> str:
         """Path of models.yaml."""
-        return self.path("models.yaml")
+        return self.settings().models_path()
 
     def recipes(self) -> RecipesConfig:
         """Parse and validate recipes.yaml."""
-        return load_recipes(self.path("recipes.yaml"))
+        return self.settings().recipes()
 
     def mixtures(self, known_recipes: list[str] | None = None) -> dict[str, Mixture]:
         """Parse and validate mixtures.yaml (streams checked against ``known_recipes``)."""
-        return load_mixtures(self.path("mixtures.yaml"), known_recipes=known_recipes)
+        return self.settings().mixtures(known_recipes)
 
     def models(self) -> ModelsConfig:
         """Parse and validate models.yaml (captioners and embedder)."""
-        return load_models(self.models_path())
+        return self.settings().models()
 
     def sources(self) -> SourcesConfig:
         """Parse and validate sources.yaml (raises ConfigError naming file, source, fix)."""
-        return load_sources(self.sources_path())
+        return self.settings().sources()

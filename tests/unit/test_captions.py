@@ -7,12 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prx_assets.core.models.captions import (
-    CaptionerSpec,
-    ModelLoadError,
-    TransformersCaptioner,
-    load_captioner,
-)
+from prx_assets.core.models.caption_spec import CaptionerSpec, ModelLoadError
+from prx_assets.core.models.captions import TransformersCaptioner, load_captioner
 from prx_assets.core.models.embeddings import (
     VISION_TOWERS,
     EmbedderSpec,

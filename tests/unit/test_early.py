@@ -51,7 +51,7 @@ def _inputs(resources: str, key: str) -> BatchInputs:
 
 
 def _run_resources(data_root: str, config_dir: str) -> str:
-    """What :meth:`~prx_assets.defs.remote.StageResources.to_json` gives for these settings."""
+    """What :meth:`~prx_assets.core.stages.settings.StageResources.to_json` gives for these settings."""
     return json.dumps({"storage": {"data_root": data_root}, "project": {"config_dir": config_dir},
                        "s3": {"endpoint_url": None}, "captioner": None, "embedder": None})
 

@@ -16,7 +16,8 @@ from prx_assets.core.ingest.pipeline import ingest_batch
 from prx_assets.core.ingest.readers import reader_for
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE, embeddings_schema, embeddings_table
 from prx_assets.core.lab.table import table_uri
-from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner
+from prx_assets.core.models.caption_spec import CaptionerSpec
+from prx_assets.core.models.captions import TransformersCaptioner
 from prx_assets.core.models.embeddings import EmbedderSpec, ImageEmbedder
 from tests.helpers import write_folder_corpus
 

@@ -84,11 +84,79 @@ def test_local_executor_reports_exit_codes_and_cancels(tmp_path: Path) -> None:
 
 
 
-def test_every_stage_names_its_home_module() -> None:
-    """A stage job imports only the module that registers its stage; the map must cover every stage."""
-    import prx_assets.definitions  # noqa: F401 - registers every stage
-    from prx_assets.defs.remote import STAGE_HOMES, STAGES
+def test_every_stage_in_the_table_loads_with_its_result_type() -> None:
+    import dataclasses
 
-    assert set(STAGES) == set(STAGE_HOMES)
-    for name, (fn, _) in STAGES.items():
-        assert fn.__module__ == STAGE_HOMES[name], name
+    from prx_assets.core.stages import STAGES, UnknownStage, load_stage
+
+    for name in STAGES:
+        fn, result_type = load_stage(name)
+        assert fn.__module__.startswith("prx_assets.core.stages."), name
+        assert dataclasses.is_dataclass(result_type), name
+    with pytest.raises(UnknownStage, match="stages: image_embeddings, raw_images, recaptions"):
+        load_stage("raw_imagez")
+
+
+@pytest.mark.parametrize("stage", ["raw_images", "recaptions", "image_embeddings"])
+def test_a_stage_job_imports_no_dagster(stage: str) -> None:
+    """The job entry and the stage it runs import ``dagster_pipes`` and ``core/`` only: run in a fresh
+    interpreter, ``dagster`` is not in ``sys.modules`` after loading the stage."""
+    import subprocess
+    import sys
+
+    code = ("import sys, prx_assets.stage_job as job; from prx_assets.core.stages import load_stage; "
+            f"load_stage({stage!r}); import dagster_pipes; "
+            "bad = sorted(m for m in sys.modules if m == 'dagster' or m.startswith(('dagster.', 'prx_assets.defs', "
+            "'prx_assets.resources'))); print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_stage_reads_recaption_keys_as_dagster_writes_them() -> None:
+    import dagster as dg
+
+    from prx_assets.core.stages.enrich import split_recaption_key
+    from prx_assets.defs.enrichment import split_recaption_key as dagster_split
+
+    key = dg.MultiPartitionKey({"batch": "photos-00012", "captioner": "detailed-1a2b3c4d"})
+    assert split_recaption_key(str(key)) == dagster_split(key) == ("photos-00012", "detailed-1a2b3c4d")
+    with pytest.raises(ValueError, match=r"<batch>\|<captioner id>"):
+        split_recaption_key("photos-00012")
+
+
+def test_each_resource_carries_exactly_the_fields_and_defaults_of_its_stage_settings() -> None:
+    import dataclasses
+
+    from prx_assets.core.stages import settings as core
+    from prx_assets.resources.models import CaptionerResource, EmbedderResource
+    from prx_assets.resources.s3 import PrxS3Resource
+    from prx_assets.resources.storage import ProjectConfigResource, StorageResource
+
+    pairs = [(StorageResource, core.StorageSettings), (ProjectConfigResource, core.ProjectSettings),
+             (PrxS3Resource, core.S3Settings), (CaptionerResource, core.CaptionerSettings),
+             (EmbedderResource, core.EmbedderSettings)]
+    for resource, settings in pairs:
+        ours = {f.name: f.default for f in dataclasses.fields(settings)}
+        theirs = {name: field.default for name, field in resource.model_fields.items()}
+        assert ours == theirs, resource.__name__
+        assert resource().settings() == settings()
+
+
+def test_stage_settings_travel_as_json_without_credentials() -> None:
+    from prx_assets.core.stages.settings import (
+        CaptionerSettings,
+        ProjectSettings,
+        S3Settings,
+        StageResources,
+        StorageSettings,
+    )
+
+    res = StageResources(storage=StorageSettings("/data"), project=ProjectSettings("/cfg"),
+                         s3=S3Settings(endpoint_url="http://127.0.0.1:9", aws_secret_access_key="hidden",
+                                       aws_access_key_id="AKIA"),
+                         captioner=CaptionerSettings(device="cpu", batch_size=2))
+    text = res.to_json()
+    assert "hidden" not in text and "AKIA" not in text
+    back = StageResources.from_json(text)
+    assert back.s3 == S3Settings(endpoint_url="http://127.0.0.1:9") and back.captioner == res.captioner
+    assert back.storage == res.storage and back.embedder is None

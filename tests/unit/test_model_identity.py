@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prx_assets.core.models.captions import CaptionerSpec
+from prx_assets.core.models.caption_spec import CaptionerSpec
 from prx_assets.core.models.config import load_models
 from prx_assets.core.models.embeddings import EmbedderSpec
 from prx_assets.core.models.identity import file_digest, model_identity

@@ -32,7 +32,7 @@ def test_a_line_written_in_two_parts_is_read_whole(tmp_path: Path) -> None:
     stop = threading.Event()
     handler = _Handler()
     reader = LineFileMessageReader(str(path), cleanup_file=False)
-    thread = threading.Thread(target=reader._reader_thread, args=(handler, stop), daemon=True)
+    thread = threading.Thread(target=reader.read_until, args=(handler, stop), daemon=True)
     thread.start()
     with open(path, "a", encoding="utf-8") as f:
         f.write(first[:1700])  # what Dagster's tail_file would hand to json.loads on its own

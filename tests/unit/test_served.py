@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from prx_assets.core.models.captions import CaptionerSpec, TransformersCaptioner, load_captioner
+from prx_assets.core.models.caption_spec import CaptionerSpec
+from prx_assets.core.models.captions import TransformersCaptioner, load_captioner
 from prx_assets.core.models.config import load_models
 from prx_assets.core.models.served import (
     SERVER_URL_ENV,

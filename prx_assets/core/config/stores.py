@@ -12,12 +12,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prx_assets.errors import StorageError
 
-if TYPE_CHECKING:
-    from prx_assets.core.config.storage import ObjectStoreSettings
+
+class ClientSettings(Protocol):
+    """What :func:`store_for` needs from settings
+    (:class:`~prx_assets.core.config.storage.ObjectStoreSettings` meets it)."""
+
+    def boto3_client(self) -> Any:
+        """A boto3 S3 client."""
+        ...
+
+    def gcs_client(self) -> Any:
+        """A google-cloud-storage client."""
+        ...
 
 #: URI schemes of the object stores.
 SCHEMES = ("s3://", "gs://")
@@ -154,7 +164,7 @@ class GCSStore:
                 yield common[len(prefix):].rstrip("/")
 
 
-def store_for(uri: str, settings: ObjectStoreSettings, s3_client: Any = None) -> S3Store | GCSStore:
+def store_for(uri: str, settings: ClientSettings, s3_client: Any = None) -> S3Store | GCSStore:
     """The store holding ``uri`` (``s3_client``: a boto3 client to use instead of one from ``settings``)."""
     scheme, _, _ = split_object_uri(uri)
     if scheme == "s3":

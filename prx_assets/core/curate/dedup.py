@@ -25,7 +25,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,9 +41,27 @@ from prx_assets.core.curate.multi_index import (
     unique_pairs,
 )
 
-if TYPE_CHECKING:
-    from prx_assets.core.curate.phash_pairs import KeptPhashPairs
-    from prx_assets.core.curate.search_pairs import KeptPairs
+
+class KeptPhashPairs(Protocol):
+    """A recipe's kept pHash pairs (:class:`prx_assets.core.curate.phash_pairs.KeptPhashPairs`)."""
+
+    def pairs(self, hashes: np.ndarray, distance: int, keep_found: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs of distinct ``hashes`` within ``distance`` bits, kept ones not searched again."""
+        ...
+
+
+class KeptPairs(Protocol):
+    """A recipe's kept embedding pairs (:class:`prx_assets.core.curate.search_pairs.KeptPairs`)."""
+
+    stats: dict[str, Any]
+
+    def known(self, model_id: str, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The pairs kept by earlier cuts among the bound rows, or ``None`` when there are none."""
+        ...
+
+    def keep(self, model_id: str, threshold: float, pairs: np.ndarray, held: np.ndarray) -> None:
+        """Keep this cut's pairs for the next one."""
+        ...
 
 #: Items whose probes are expanded at a time (multi-index hashing).
 PHASH_CHUNK = 32_768

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_assets.compat.lance import take_rows
 from prx_assets.core.curate.dedup import (
     EMBEDDING_EXACT_BELOW,
     encode_for_search,
@@ -178,33 +179,13 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     out = Subset(recipe=recipe.name, version=ds.version, total=ds.count_rows())
     lap = _Laps(out)
     out.caption_columns = resolve_caption_columns(ds, recipe.caption_names(), known_captioner_ids, recipe.name)
-    clauses: list[str] = []
-    remaining = out.total
-    for rule, clause in _filters(recipe):
-        clauses.append(clause)
-        n = _count(ds, clauses, recipe.name)
-        out.dropped[rule] = remaining - n
-        remaining = n
+    where = _pushed_down_filters(ds, recipe, out)
     threshold = recipe.dedup.embedding_threshold
     if threshold is not None and (embedding_column is None or embedding_column not in ds.schema.names):
         raise CurationError(f"recipe {recipe.name!r} asks for embedding dedup but the lab has no "
                             f"embedding column {embedding_column!r}; materialize image_embeddings "
                             "and lance_table first")
-    where = " AND ".join(clauses) or None
-    rules = _row_rules(recipe, optouts, out.caption_columns)
-    t, removed = candidates(ds, where, out.caption_columns, batch_rows=SCAN_ROWS, rules=[rule for _, rule in rules],
-                            digests=digests)
-    if digests is not None:
-        out.work["digests"] = dict(digests.stats)
-    for (name, _), n in zip(rules, removed, strict=True):  # requests come before no_caption
-        if name.startswith("request:"):
-            out.optout_dropped[name.removeprefix("request:")] = n
-            continue
-        if name == "no_caption" and optouts:
-            out.dropped["optout_requests"] = sum(out.optout_dropped.values())
-        out.dropped[name] = n
-    if optouts:
-        out.dropped.setdefault("optout_requests", sum(out.optout_dropped.values()))
+    t = _row_filtered_candidates(ds, recipe, optouts, where, digests, out)
     lap("candidates")
 
     # Dedup is greedy in one order (most pixels, then id). The rules run on the survivors' positions
@@ -223,35 +204,99 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
         apply("dedup_exact", key_first_occurrences(t.column("_sha"), alive))
         lap("dedup_exact")
     if recipe.dedup.phash_distance is not None:
-        if phash_pairs is not None:
-            phash_pairs.stats = {}  # set again only if this cut searches pairs
-        apply("dedup_phash", phash_keep(_column_at(t, "phash", alive).astype(np.uint64),
-                                        int(recipe.dedup.phash_distance), kept=phash_pairs,
-                                        keep_found=phash_pairs is not None and ds.version == ds.latest_version))
-        if phash_pairs is not None and phash_pairs.stats:
-            out.work["phash_pairs"] = dict(phash_pairs.stats)
+        apply("dedup_phash", _phash_dedup(ds, t, alive, int(recipe.dedup.phash_distance), phash_pairs, out))
         lap("dedup_phash")
     if threshold is not None and embedding_column is not None:
-        if search_models is not None:
-            search_models.last = None  # set again only if this cut files its rows with a model
-        if search_codes is not None:
-            search_codes.stats = {}  # set again only if this cut reads or computes codes
-        if search_pairs is not None:
-            search_pairs.stats = {}  # set again only if this cut searches with a kept model
-        apply("dedup_embedding", embedding_keep(
-            ds, embedding_column, _column_at(t, "_rowid", alive), float(threshold), models=search_models,
-            addresses=_column_at(t, "_rowaddr", alive) if search_codes is not None else None,
-            search_codes=search_codes, search_pairs=search_pairs))
-        if search_codes is not None and search_codes.stats:
-            out.work["search_codes"] = dict(search_codes.stats)
-        if search_pairs is not None and search_pairs.stats:
-            out.work["search_pairs"] = dict(search_pairs.stats)
-        if search_models is not None and search_models.last is not None:
-            out.lineage["search_model"] = dict(search_models.last)
+        kept_state = _EmbeddingState(search_models, search_codes, search_pairs)
+        apply("dedup_embedding", _embedding_dedup(ds, t, alive, embedding_column, float(threshold), kept_state, out))
         lap("dedup_embedding")
     kept = t.select(["image_id", "digest", "aspect_bucket"]).take(pa.array(by_id(t.column("image_id"), alive,
                                                                                 ids_in_order)))
     del t
+    _finish(out, kept, recipe)
+    lap("selected")
+    return out
+
+
+def _pushed_down_filters(ds: lance.LanceDataset, recipe: Recipe, out: Subset) -> str | None:
+    """The recipe's column filters as one pushed-down predicate; each rule's drop count (one count
+    query per rule, in order) goes into ``out.dropped``."""
+    clauses: list[str] = []
+    remaining = out.total
+    for rule, clause in _filters(recipe):
+        clauses.append(clause)
+        n = _count(ds, clauses, recipe.name)
+        out.dropped[rule] = remaining - n
+        remaining = n
+    return " AND ".join(clauses) or None
+
+
+def _row_filtered_candidates(ds: lance.LanceDataset, recipe: Recipe, optouts: Sequence[OptOutRequest],
+                             where: str | None, digests: KeptDigests | None, out: Subset) -> pa.Table:
+    """The candidates of one scan with the per-row rules applied (opt-outs, requests, captions), each
+    rule's drops counted in ``out``."""
+    rules = _row_rules(recipe, optouts, out.caption_columns)
+    t, removed = candidates(ds, where, out.caption_columns, batch_rows=SCAN_ROWS, rules=[rule for _, rule in rules],
+                            digests=digests)
+    if digests is not None:
+        out.work["digests"] = dict(digests.stats)
+    for (name, _), n in zip(rules, removed, strict=True):  # requests come before no_caption
+        if name.startswith("request:"):
+            out.optout_dropped[name.removeprefix("request:")] = n
+            continue
+        if name == "no_caption" and optouts:
+            out.dropped["optout_requests"] = sum(out.optout_dropped.values())
+        out.dropped[name] = n
+    if optouts:
+        out.dropped.setdefault("optout_requests", sum(out.optout_dropped.values()))
+    return t
+
+
+def _phash_dedup(ds: lance.LanceDataset, t: pa.Table, alive: np.ndarray, distance: int,
+                 phash_pairs: KeptPhashPairs | None, out: Subset) -> np.ndarray:
+    """pHash dedup's keep mask over ``alive`` (kept pairs reused and, on the latest version, kept)."""
+    if phash_pairs is not None:
+        phash_pairs.stats = {}  # set again only if this cut searches pairs
+    keep = phash_keep(_column_at(t, "phash", alive).astype(np.uint64), distance, kept=phash_pairs,
+                      keep_found=phash_pairs is not None and ds.version == ds.latest_version)
+    if phash_pairs is not None and phash_pairs.stats:
+        out.work["phash_pairs"] = dict(phash_pairs.stats)
+    return keep
+
+
+@dataclass
+class _EmbeddingState:
+    """What embedding dedup keeps between a recipe's cuts (any of it may be absent)."""
+
+    models: SearchModels | None
+    codes: SearchCodes | None
+    pairs: KeptPairs | None
+
+
+def _embedding_dedup(ds: lance.LanceDataset, t: pa.Table, alive: np.ndarray, column: str, threshold: float,
+                     state: _EmbeddingState, out: Subset) -> np.ndarray:
+    """Embedding dedup's keep mask over ``alive``; what the kept state did goes into ``out.work``."""
+    if state.models is not None:
+        state.models.last = None  # set again only if this cut files its rows with a model
+    if state.codes is not None:
+        state.codes.stats = {}  # set again only if this cut reads or computes codes
+    if state.pairs is not None:
+        state.pairs.stats = {}  # set again only if this cut searches with a kept model
+    keep = embedding_keep(
+        ds, column, _column_at(t, "_rowid", alive), threshold, models=state.models,
+        addresses=_column_at(t, "_rowaddr", alive) if state.codes is not None else None,
+        search_codes=state.codes, search_pairs=state.pairs)
+    if state.codes is not None and state.codes.stats:
+        out.work["search_codes"] = dict(state.codes.stats)
+    if state.pairs is not None and state.pairs.stats:
+        out.work["search_pairs"] = dict(state.pairs.stats)
+    if state.models is not None and state.models.last is not None:
+        out.lineage["search_model"] = dict(state.models.last)
+    return keep
+
+
+def _finish(out: Subset, kept: pa.Table, recipe: Recipe) -> None:
+    """The cap, the selected rows, the content hash and the bucket counts of the cut."""
     if recipe.cap is not None and kept.num_rows > recipe.cap:
         pick = np.sort(np.random.default_rng(recipe.seed).permutation(kept.num_rows)[: recipe.cap])
         out.dropped["cap"] = kept.num_rows - len(pick)
@@ -261,8 +306,6 @@ def select(ds: lance.LanceDataset, recipe: Recipe, known_captioner_ids: Sequence
     out.content_hash = content_hash_of(out.caption_columns, out.selected)
     counts = pc.value_counts(kept.column("aspect_bucket")).to_pylist() if kept.num_rows else []
     out.buckets = dict(sorted((c["values"], int(c["counts"])) for c in counts))
-    lap("selected")
-    return out
 
 
 class _Laps:
@@ -590,7 +633,7 @@ def read_by_row_ids(ds: lance.LanceDataset, column: str, row_ids: np.ndarray,
         scan = n > SCAN_ABOVE_SHARE * ds.count_rows()
     if not scan:
         for a in range(0, n, batch_rows):
-            got = ds._take_rows(pa.array(sorted_ids[a:a + batch_rows]), columns=[column])
+            got = take_rows(ds, pa.array(sorted_ids[a:a + batch_rows]), [column])
             on_block(order[a:a + batch_rows], vector_matrix(got.column(0)))
         return
     for batch in ds.scanner(columns=[column], with_row_id=True, batch_size=batch_rows).to_batches():

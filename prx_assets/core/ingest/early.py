@@ -49,7 +49,7 @@ _found: Found | None = None
 
 def local_resources() -> str:
     """The storage and project settings of this process's environment, in the form of
-    :meth:`~prx_assets.defs.remote.StageResources.to_json` (its ``storage`` and ``project``)."""
+    :meth:`~prx_assets.core.stages.settings.StageResources.to_json` (its ``storage`` and ``project``)."""
     return json.dumps({"storage": {"data_root": data_root()}, "project": {"config_dir": str(config_dir())}})
 
 
@@ -113,7 +113,7 @@ def take_found() -> Found | None:
 
 def settle(found: Found | None, resources: str | None) -> None:
     """Keep what :func:`begin` read ahead for runs with ``resources`` (their
-    :meth:`~prx_assets.defs.remote.StageResources.to_json`) when those hold the same storage and
+    :meth:`~prx_assets.core.stages.settings.StageResources.to_json`) when those hold the same storage and
     project settings it was read with; drop it otherwise, and when ``resources`` is ``None`` (this
     process ingests nothing)."""
     if found is None:

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class BatchInputs:
     """What decides a batch's outcomes: the settings of the resources it is read with (data root,
-    config folder, object store; as :meth:`~prx_assets.defs.remote.StageResources.to_json`), its
+    config folder, object store; as :meth:`~prx_assets.core.stages.settings.StageResources.to_json`), its
     source's configuration (ingest settings included) and its manifest. The reader is not compared."""
 
     resources: str

@@ -32,6 +32,7 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import Any
 
+from prx_assets.compat.stdlib import inheriting
 from prx_assets.core.config.project import IngestSettings
 from prx_assets.core.faults import CRASH_ENV, crash_point
 from prx_assets.core.ingest.decoder_warnings import collect, record, routed
@@ -257,7 +258,7 @@ def normalize_in_pool(data: bytes, settings: IngestSettings, sampled: bool, labe
                 raise ImageRejected(RejectReason.CORRUPT, "the decoder's worker process died on this file, "
                                     "alone in a fresh process too (a decoder crash or the OOM killer)") from None
     except (RuntimeError, OSError) as e:  # processes cannot start here
-        if getattr(mp.current_process(), "_inheriting", False):
+        if inheriting():
             raise  # a worker importing an unguarded main script: fail its start-up, as multiprocessing does
         _unavailable(f"{type(e).__name__}: {str(e).strip()}")
         return normalize_here(data, settings, sampled, label)

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_assets.compat import lance as lance_compat
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.hexdigits import hex64
@@ -439,12 +440,12 @@ def current_rows(images: lance.LanceDataset, parts: Sequence[pa.Table], ids: pa.
         known_t = known_t.take(pa.array(first))
         rowids = known_t.column("_rowid").combine_chunks()
         try:
-            got = images._take_rows(rowids, columns=["image_id", "_rowaddr"])
+            got = lance_compat.take_rows(images, rowids, ["image_id", "_rowaddr"])
             if got.num_rows == known_t.num_rows:
                 # columns without a data file in any of those fragments (a new batch's) are null: not read
                 empty = _columns_without_data(images, _fragment_of(got), columns)
                 wanted = [c for c in columns if c not in empty]
-                values = images._take_rows(rowids, columns=wanted) if wanted else pa.table({})
+                values = lance_compat.take_rows(images, rowids, wanted) if wanted else pa.table({})
                 for c in wanted:
                     got = got.append_column(images.schema.field(c), values.column(c))
         except (OSError, ValueError, RuntimeError):
@@ -737,7 +738,7 @@ def _rewrite_rows(images: lance.LanceDataset, changed: dict[str, pa.Table]) -> N
     names = images.schema.names
     rowids = pc.unique(pa.concat_arrays([t.column("_rowid").combine_chunks() for t in changed.values()]))
     for part in _row_slices(images, pa.table({"_rowid": rowids})):
-        full = images._take_rows(part.column("_rowid").combine_chunks(), columns=names).select(names)
+        full = lance_compat.take_rows(images, part.column("_rowid").combine_chunks(), names).select(names)
         for column, t in changed.items():
             new = t.filter(pc.is_in(t.column("_rowid"), value_set=part.column("_rowid")))
             if not new.num_rows:

@@ -21,6 +21,8 @@ from typing import Any
 import lance
 import pyarrow as pa
 
+from prx_assets.compat.lance import take_rows
+
 #: Ids per ``IN (...)`` predicate: large enough to amortize a scan, small enough to plan fast.
 ID_CHUNK = 512
 #: Ids per key lookup of :func:`table_by_ids`: each lookup also scans the key column of the rows
@@ -114,7 +116,7 @@ def fetch_by_ids(ds: lance.LanceDataset, ids: Sequence[str], columns: Sequence[s
     if set(cols) <= {key, *meta}:
         return found.select(cols)
     # ``_take_rows`` is Lance's take by row id (what its own index lookups use); it keeps the order
-    rows = ds._take_rows(found.column("_rowid").combine_chunks(), columns=[c for c in cols if c not in meta])
+    rows = take_rows(ds, found.column("_rowid").combine_chunks(), [c for c in cols if c not in meta])
     for c in meta:
         rows = rows.append_column(c, found.column(c))
     return rows.select(cols)

@@ -25,6 +25,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_assets.compat.lance import storage_options
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.sql import where_eq
@@ -120,7 +121,7 @@ def add_missing_columns(ds: lance.LanceDataset, schema: pa.Schema) -> lance.Lanc
     try:
         ds.add_columns([f.with_nullable(True) for f in missing])
     except (OSError, ValueError) as e:  # another writer added them in the meantime
-        fresh = lance.dataset(ds.uri, storage_options=getattr(ds, "_storage_options", None))
+        fresh = lance.dataset(ds.uri, storage_options=storage_options(ds))
         if any(f.name not in fresh.schema.names for f in missing):
             raise StorageError(f"cannot add columns {[f.name for f in missing]} to {ds.uri}: {e}") from e
         return fresh
@@ -157,7 +158,7 @@ def apply_encodings(ds: lance.LanceDataset, schema: pa.Schema) -> dict[str, dict
     try:
         ds.update_field_metadata(missing)
     except (OSError, ValueError) as e:  # a concurrent commit: fine if it was another maintenance run's
-        fresh = lance.dataset(ds.uri, storage_options=getattr(ds, "_storage_options", None))
+        fresh = lance.dataset(ds.uri, storage_options=storage_options(ds))
         if missing_encodings(fresh, schema):
             raise StorageError(f"cannot set the column encodings {missing} on {ds.uri}: {e}; run "
                                "lance_maintenance again") from e

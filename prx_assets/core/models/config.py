@@ -36,7 +36,7 @@ from typing import Any
 
 from prx_assets.core.config.project import check_fields, config_dir, expand_env, read_yaml
 from prx_assets.core.lab.schema import VECTOR_DTYPES
-from prx_assets.core.models.captions import BACKENDS, CaptionerSpec
+from prx_assets.core.models.caption_spec import BACKENDS, CaptionerSpec
 from prx_assets.core.models.embeddings import EmbedderSpec
 from prx_assets.core.models.identity import looks_local, model_identity
 from prx_assets.core.models.served import SERVER_APIS

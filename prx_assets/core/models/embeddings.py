@@ -24,13 +24,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from prx_assets.core.models.captions import (
-    ModelLoadError,
-    check_model_path,
-    resolve_device,
-    resolve_dtype,
-    slug,
-)
+from prx_assets.core.models.caption_spec import ModelLoadError, slug
+from prx_assets.core.models.captions import check_model_path, resolve_device, resolve_dtype
 from prx_assets.core.models.identity import hub_kwargs, model_identity
 
 

@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from prx_assets.core.models.caption_spec import CaptionerSpec, CaptionResult
 from prx_assets.errors import PrxError
 
 if TYPE_CHECKING:
     import httpx
 
-    from prx_assets.core.models.captions import CaptionerSpec, CaptionResult
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def parse_completion(response: httpx.Response) -> tuple[str, int | None, str | N
 
 
 class OpenAICaptioner:
-    """A :class:`~prx_assets.core.models.captions.CaptionerSpec` served by an OpenAI-compatible server."""
+    """A :class:`~prx_assets.core.models.caption_spec.CaptionerSpec` served by an OpenAI-compatible server."""
 
     def __init__(self, spec: CaptionerSpec, device: str = "auto", ready_timeout_s: float | None = None) -> None:
         import httpx
@@ -246,7 +246,6 @@ class OpenAICaptioner:
     def _post(self, body: dict[str, Any]) -> CaptionResult:
         import httpx
 
-        from prx_assets.core.models.captions import CaptionResult
 
         last = ""
         for attempt in range(self.spec.max_retries + 1):

@@ -23,11 +23,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from streaming import Stream
 from streaming.base.format import reader_from_json
 from streaming.base.format.base.reader import Reader
-from streaming.base.util import retry
 
+from prx_assets.compat.streaming import ExtraFilesStream
 from prx_assets.core.config.storage import read_uri
 from prx_assets.core.layout import SIDECAR_DIR
 
@@ -84,7 +83,7 @@ def _prefixed(info: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return out
 
 
-class SidecarStream(Stream):
+class SidecarStream(ExtraFilesStream):
     """A ``Stream`` whose samples get the columns of its sidecars (see module docs).
 
     ``sidecars`` are the stream's manifest entries (``{"uri", "columns"}``), oldest first. A
@@ -100,21 +99,18 @@ class SidecarStream(Stream):
             return os.path.relpath(self.sidecars[k]["uri"], os.path.join(self.local, self.split))
         return f"{CACHE_PREFIX}{k}"
 
-    def _download_file(self, from_basename: str, to_basename: str | None = None) -> str:
-        """Download a stream file, or a sidecar file (its basename starts with the sidecar's cache prefix)."""
+    def extra_file(self, from_basename: str, to_basename: str | None) -> str | None:
+        """Download a sidecar file (its basename starts with the sidecar's cache prefix); ``None``
+        for the stream's own files."""
         for k, side in enumerate(self.sidecars):
             prefix = f"{CACHE_PREFIX}{k}/"
             if self.remote is not None and from_basename.startswith(prefix):
                 remote = f"{side['uri'].rstrip('/')}/{from_basename[len(prefix):]}"
                 local = os.path.join(self.local, self.split, to_basename or from_basename)
                 os.makedirs(os.path.dirname(local), exist_ok=True)
-                self._fetch(remote, local)
+                self.fetch(remote, local)
                 return local
-        return super()._download_file(from_basename, to_basename)
-
-    def _fetch(self, remote: str, local: str) -> None:
-        retry(clean_up_fn=self._downloader.clean_up, num_attempts=self.download_retry)(
-            lambda: self._downloader.download(remote, local, self.download_timeout))()
+        return None
 
     def get_shards(self, world: Any, allow_unsafe_types: bool) -> list[Reader]:
         """The stream's shard readers, each joined with its sidecars' aligned shards."""

@@ -213,6 +213,6 @@ def streaming_kwargs(spec: MixtureSpec, cache_root: str | None = None) -> dict[s
     Sets published as deltas carry skip lists that a plain ``StreamingDataset`` cannot apply:
     read specs with :class:`prx_assets.loader.PrxStreamingDataset` (``spec=``), which does.
     """
-    from prx_assets.loader import resolve as resolve_streams
+    from prx_assets.core.publish.loader import resolve as resolve_streams
 
     return {"streams": resolve_streams(spec=spec).streams(cache_root), "epoch_size": spec.epoch_size}

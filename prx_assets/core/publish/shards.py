@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_assets.compat.streaming import flush_shard
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot, is_remote, read_uri
 from prx_assets.core.config.stores import split_object_uri
@@ -293,89 +294,26 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
     plan = caption_plan(recipe, subset_manifest.caption_columns, captioner_ids)
     set_id = shard_set_id(subset_manifest.subset_id, settings, plan)
     rel = layout.shard_set_dir(recipe.name, set_id)
-    # A writer killed mid-way left its staging folder: remove those whose process is gone.
-    if root.remote:
-        reap(None, f"prx-mds-{recipe.name}-*")
-    else:
-        reap(root.join(layout.recipe_shards_dir(recipe.name)), ".staging-*")
+    _reap_staging(root, recipe.name)
     if root.exists(layout.shard_set_manifest(recipe.name, set_id)):
         return read_shard_set_manifest(root, recipe.name, set_id)
-    rebuilt: dict[str, Any] = {}
-    if previous is not None:  # a corrupt stream is never reused: the set is written whole instead
-        corrupt = [c for check in check_shard_set(previous) for c in check.corrupt]
-        if corrupt:
-            rebuilt = {"not_a_delta_of": previous.shard_set_id, "corrupt_previous_shards": corrupt[:20]}
-            previous = None
+    previous, rebuilt = _reusable(previous)
     encoder = TextEncoder(settings.text_tower, device="auto") if settings.text_tower is not None else None
     if encoder is not None and not plan["columns"]:
         raise ShardError(f"recipe {recipe.name!r} has no caption columns to precompute latents for; set captions: "
                          "or caption_mix: in the recipe, or turn precomputed_latents off")
     columns = mds_columns(plan, encoder)
-    written_settings = {"size_limit": settings.size_limit, "compression": settings.compression,
-                        "hashes": list(settings.hashes), "by_bucket": settings.by_bucket}
-    caption_columns = tuple(subset_manifest.caption_columns)
-    added_columns = extension_of(previous, columns, plan, written_settings) if previous is not None else None
-    delta = None
+    job = _SetJob(root=root, lab=lab, set_id=set_id, rel=rel, uri=root.join(rel), plan=plan, columns=columns,
+                  settings=settings, encoder=encoder, caption_columns=tuple(subset_manifest.caption_columns))
     started = time.perf_counter()
     staging = make_scratch(None, f"prx-mds-{recipe.name}-") if root.remote else \
         make_scratch(root.join(layout.recipe_shards_dir(recipe.name)),
                      Path(layout.shard_set_staging(recipe.name, set_id, "")).name)
     try:
-        if added_columns is not None and previous is not None:
-            if digests is None or "digest" not in digests.column_names:
-                digests = subset_digests(lab, ids, caption_columns)
-            base, live = previous, None
-            if added_columns:  # new columns for the published samples: sidecars, not a rewrite
-                base, live = _write_sidecars(root, staging, lab, previous, added_columns, plan, encoder,
-                                             settings, caption_columns, uri=root.join(rel), set_id=set_id)
-            delta = plan_delta(root, base, digests.select(["image_id", "digest"]), compact_above, live=live)
-            if delta is None:
-                shutil.rmtree(staging / SIDECAR_DIR, ignore_errors=True)
-        if delta is None:
-            streams, bucket_streams, writers = _write_whole(staging, lab, ids, columns, plan, settings, encoder,
-                                                             uri=root.join(rel), set_id=set_id,
-                                                             caption_columns=caption_columns)
-            skip_uri, skipped, skip_sha256 = None, 0, None
-            shards_total = len(json.loads((staging / layout.MDS_INDEX).read_text())["shards"])
-        else:
-            streams, bucket_streams, writers = _write_delta(staging, lab, delta, columns, plan, settings, encoder,
-                                                            uri=root.join(rel), set_id=set_id,
-                                                            caption_columns=caption_columns)
-            skip_bytes = parquet_bytes(delta.skip)
-            (staging / SKIP_FILE).write_bytes(skip_bytes)
-            skip_uri, skipped = root.join(rel, SKIP_FILE), delta.skip.num_rows
-            skip_sha256 = hashlib.sha256(skip_bytes).hexdigest()
-            shards_total = delta.previous.shards + (len(json.loads((staging / "delta" / layout.MDS_INDEX)
-                                                                   .read_text())["shards"]) if len(delta.added) else 0)
-        files = sorted(p for p in staging.rglob("*") if p.is_file())
-        written_bytes = sum(p.stat().st_size for p in files)
-        manifest = ShardSetManifest(
-            shard_set_id=set_id, recipe=recipe.name, recipe_hash=recipe.recipe_hash(),
-            subset_id=subset_manifest.subset_id, lance_uri=subset_manifest.lance_uri,
-            lance_version=subset_manifest.lance_version, lance_tag=subset_manifest.lance_tag,
-            captioner_ids=tuple(c for c in captioner_ids if any(caption_column(c) in cs
-                                                                for cs in plan["columns"].values())),
-            caption_plan=plan, columns=columns, code_version=SHARDS_CODE_VERSION,
-            samples=len(ids), shards=shards_total,
-            bytes=(delta.previous.bytes if delta else 0) + sum(
-                p.stat().st_size for p in files if p.name.endswith(".mds") or ".mds." in p.name),
-            settings={**written_settings, "parallel_writers": writers},
-            text_latents=None if encoder is None else {
-                "tower": encoder.spec.tower(), "model": encoder.spec.model, "identity": encoder.spec.identity(),
-                "max_length": encoder.spec.max_length, "layer": encoder.spec.layer, "dim": encoder.dim,
-                "columns": {c: [latent_column(c, encoder.spec.tower()), mask_column(c, encoder.spec.tower())]
-                            for c in plan["columns"]}},
-            bucket_streams=bucket_streams, uri=root.join(rel), seconds=round(time.perf_counter() - started, 3),
-            streams=tuple(streams), skip_uri=skip_uri, skip_sha256=skip_sha256, skipped=skipped,
-            layout="full" if delta is None else "delta", bytes_written=written_bytes,
-            digest_columns=caption_columns,
-            extra={**dict(lineage or {}), **({"previous_shard_set_id": delta.previous.shard_set_id,
-                                              "added": len(delta.added), "removed": delta.removed,
-                                              "sidecar_columns": sorted(added_columns or {})}
-                                             if delta else {}),
-                   **({"optout_requests": dict(subset_manifest.optout_requests)}
-                      if subset_manifest.optout_requests else {}), **rebuilt},
-        )
+        written = _write_streams(job, staging, ids, previous, digests, compact_above)
+        manifest = _set_manifest(job, recipe, subset_manifest, captioner_ids, ids, written, staging,
+                                 seconds=time.perf_counter() - started, lineage=dict(lineage or {}),
+                                 rebuilt=rebuilt)
         (staging / layout.SHARD_SET_MANIFEST).write_bytes(manifest.to_json())
         crash_point("shards.before_publish")
         _publish(root, staging, rel)
@@ -385,6 +323,130 @@ def write_shard_set(root: DataRoot, lab: lance.LanceDataset, recipe: Recipe, sub
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
         release(staging)
+
+
+def _reap_staging(root: DataRoot, recipe: str) -> None:
+    """Remove the staging folders that killed writers of ``recipe``'s sets left (their process is gone)."""
+    if root.remote:
+        reap(None, f"prx-mds-{recipe}-*")
+    else:
+        reap(root.join(layout.recipe_shards_dir(recipe)), ".staging-*")
+
+
+def _reusable(previous: ShardSetManifest | None) -> tuple[ShardSetManifest | None, dict[str, Any]]:
+    """``previous`` when its streams may be reused; a corrupt stream never is: then ``None`` and why."""
+    if previous is None:
+        return None, {}
+    corrupt = [c for check in check_shard_set(previous) for c in check.corrupt]
+    if corrupt:
+        return None, {"not_a_delta_of": previous.shard_set_id, "corrupt_previous_shards": corrupt[:20]}
+    return previous, {}
+
+
+@dataclass(frozen=True)
+class _SetJob:
+    """What every part of one shard set's writing shares."""
+
+    root: DataRoot
+    lab: lance.LanceDataset
+    set_id: str
+    rel: str
+    uri: str
+    plan: dict[str, Any]
+    columns: dict[str, str]
+    settings: ShardSettings
+    encoder: TextEncoder | None
+    caption_columns: tuple[str, ...]
+
+    def written_settings(self) -> dict[str, Any]:
+        """The settings that decide the set's bytes, as its manifest records them."""
+        s = self.settings
+        return {"size_limit": s.size_limit, "compression": s.compression, "hashes": list(s.hashes),
+                "by_bucket": s.by_bucket}
+
+
+@dataclass
+class _Written:
+    """What writing a set's streams produced in its staging folder."""
+
+    streams: list[Any]
+    bucket_streams: Any
+    writers: int
+    shards: int
+    delta: Any = None
+    added_columns: dict[str, Any] | None = None
+    skip_uri: str | None = None
+    skipped: int = 0
+    skip_sha256: str | None = None
+
+
+def _write_streams(job: _SetJob, staging: Path, ids: pa.Array, previous: ShardSetManifest | None,
+                   digests: pa.Table | None, compact_above: float) -> _Written:
+    """Write the set into ``staging``: as a delta of ``previous`` (sidecars for new columns, a delta
+    stream, a skip list) where that is small enough, else whole."""
+    kw = {"uri": job.uri, "set_id": job.set_id, "caption_columns": job.caption_columns}
+    added_columns = extension_of(previous, job.columns, job.plan, job.written_settings()) \
+        if previous is not None else None
+    delta = None
+    if added_columns is not None and previous is not None:
+        if digests is None or "digest" not in digests.column_names:
+            digests = subset_digests(job.lab, ids, job.caption_columns)
+        base, live = previous, None
+        if added_columns:  # new columns for the published samples: sidecars, not a rewrite
+            base, live = _write_sidecars(job.root, staging, job.lab, previous, added_columns, job.plan, job.encoder,
+                                         job.settings, job.caption_columns, uri=job.uri, set_id=job.set_id)
+        delta = plan_delta(job.root, base, digests.select(["image_id", "digest"]), compact_above, live=live)
+        if delta is None:
+            shutil.rmtree(staging / SIDECAR_DIR, ignore_errors=True)
+    if delta is None:
+        streams, bucket_streams, writers = _write_whole(staging, job.lab, ids, job.columns, job.plan, job.settings,
+                                                         job.encoder, **kw)
+        shards = len(json.loads((staging / layout.MDS_INDEX).read_text())["shards"])
+        return _Written(streams, bucket_streams, writers, shards)
+    streams, bucket_streams, writers = _write_delta(staging, job.lab, delta, job.columns, job.plan, job.settings,
+                                                    job.encoder, **kw)
+    skip_bytes = parquet_bytes(delta.skip)
+    (staging / SKIP_FILE).write_bytes(skip_bytes)
+    shards = delta.previous.shards + (len(json.loads((staging / "delta" / layout.MDS_INDEX).read_text())["shards"])
+                                      if len(delta.added) else 0)
+    return _Written(streams, bucket_streams, writers, shards, delta=delta, added_columns=added_columns,
+                    skip_uri=job.root.join(job.rel, SKIP_FILE), skipped=delta.skip.num_rows,
+                    skip_sha256=hashlib.sha256(skip_bytes).hexdigest())
+
+
+def _set_manifest(job: _SetJob, recipe: Recipe, subset: SubsetManifest, captioner_ids: Sequence[str],
+                  ids: pa.Array, written: _Written, staging: Path, seconds: float,
+                  lineage: dict[str, Any], rebuilt: dict[str, Any]) -> ShardSetManifest:
+    """The manifest of the set written into ``staging``."""
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    delta, plan, encoder = written.delta, job.plan, job.encoder
+    extra = dict(lineage)
+    if delta is not None:
+        extra = {**extra, "previous_shard_set_id": delta.previous.shard_set_id, "added": len(delta.added),
+                 "removed": delta.removed, "sidecar_columns": sorted(written.added_columns or {})}
+    if subset.optout_requests:
+        extra = {**extra, "optout_requests": dict(subset.optout_requests)}
+    extra.update(rebuilt)
+    return ShardSetManifest(
+        shard_set_id=job.set_id, recipe=recipe.name, recipe_hash=recipe.recipe_hash(),
+        subset_id=subset.subset_id, lance_uri=subset.lance_uri,
+        lance_version=subset.lance_version, lance_tag=subset.lance_tag,
+        captioner_ids=tuple(c for c in captioner_ids if any(caption_column(c) in cs
+                                                            for cs in plan["columns"].values())),
+        caption_plan=plan, columns=job.columns, code_version=SHARDS_CODE_VERSION,
+        samples=len(ids), shards=written.shards,
+        bytes=(delta.previous.bytes if delta else 0) + sum(
+            p.stat().st_size for p in files if p.name.endswith(".mds") or ".mds." in p.name),
+        settings={**job.written_settings(), "parallel_writers": written.writers},
+        text_latents=None if encoder is None else {
+            "tower": encoder.spec.tower(), "model": encoder.spec.model, "identity": encoder.spec.identity(),
+            "max_length": encoder.spec.max_length, "layer": encoder.spec.layer, "dim": encoder.dim,
+            "columns": {c: [latent_column(c, encoder.spec.tower()), mask_column(c, encoder.spec.tower())]
+                        for c in plan["columns"]}},
+        bucket_streams=written.bucket_streams, uri=job.uri, seconds=round(seconds, 3),
+        streams=tuple(written.streams), skip_uri=written.skip_uri, skip_sha256=written.skip_sha256,
+        skipped=written.skipped, layout="full" if delta is None else "delta",
+        bytes_written=sum(p.stat().st_size for p in files), digest_columns=job.caption_columns, extra=extra)
 
 
 def extension_of(previous: ShardSetManifest, columns: dict[str, str], plan: dict[str, Any],
@@ -424,8 +486,7 @@ def write_aligned(out: str, columns: dict[str, str], settings: ShardSettings, co
             if sample is not None:
                 writer.write(sample)
             while j < len(bounds) and bounds[j] == n:
-                writer.flush_shard()
-                writer._reset_cache()
+                flush_shard(writer)
                 j += 1
     if j != len(bounds):
         raise ShardError(f"{out}: wrote {n} samples for shards of {list(counts)[:8]}... samples; the stream's "
@@ -578,8 +639,8 @@ def open_stream(uri: str, cache: str | None = None, **kwargs: Any) -> Any:
     a set written whole or a bucket sub-stream). Published sets: use :func:`open_shard_set`."""
     from streaming import StreamingDataset
 
+    from prx_assets.core.publish.loader import streaming_endpoint
     from prx_assets.core.publish.streaming_shm import streaming_registration
-    from prx_assets.loader import streaming_endpoint
 
     if is_remote(uri):
         split_object_uri(uri)
@@ -597,7 +658,7 @@ def open_shard_set(manifest: ShardSetManifest | str, cache: str | None = None, *
     ``batch_size`` defaults to 1 (iterating it directly); pass the DataLoader's when training.
     """
     kwargs.setdefault("batch_size", 1)
-    from prx_assets.loader import PrxStreamingDataset
+    from prx_assets.core.publish.loader import PrxStreamingDataset
 
     return PrxStreamingDataset(shard_sets=[manifest], cache_root=cache, **kwargs)
 
