@@ -115,6 +115,14 @@ def write_bad_inputs(base: Path, seed: int = 0, big_side: int = 9500) -> list[Ba
     (folder / "escape.jpg").symlink_to(outside / "secret.jpg")
     out.append(BadInput("folder", "escape.jpg", "outside_source"))
 
+    out += _table_inputs(table, rng, good_jpeg, good_png)
+    out += _shard_inputs(shards, rng, good_jpeg)
+    return out
+
+
+def _table_inputs(table: Path, rng: np.random.Generator, good_jpeg: bytes, good_png: bytes) -> list[BadInput]:
+    """The Parquet source's bad inputs: unreadable files, mixed and mistyped image columns."""
+    out: list[BadInput] = []
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -135,6 +143,12 @@ def write_bad_inputs(base: Path, seed: int = 0, big_side: int = 9500) -> list[Ba
     parquet("strings.parquet", pa.table({"image": pa.array(["a path, not bytes"])}))
     out.append(BadInput("table", "strings.parquet#0", "bad_row"))
 
+    return out
+
+
+def _shard_inputs(shards: Path, rng: np.random.Generator, good_jpeg: bytes) -> list[BadInput]:
+    """The WebDataset source's bad inputs: a sample without its image, garbage, a truncated tar."""
+    out: list[BadInput] = []
     (shards / "good-00000.tar").write_bytes(_tar([("s0.jpg", good_jpeg), ("s0.txt", b"a photo")]))
     out.append(BadInput("shards", "good-00000.tar#s0", "row"))
     (shards / "noimage-00001.tar").write_bytes(_tar([("s1.txt", b"caption only")]))

@@ -20,6 +20,7 @@ import struct
 import tarfile
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,6 +207,18 @@ def generate_demo_corpus(root: DataRoot, prefix: str = "demo", n_photos: int = 1
         root.write_bytes(f"{prefix}/{rel}", data)
         summary.files[source] += 1
 
+    _write_photos(rng, put, summary, n_photos)
+    _write_catalog(rng, put, summary, n_catalog)
+    _write_webshards(rng, put, summary, n_web)
+    return summary
+
+
+_Put = Callable[[str, bytes, str], None]
+_LICENSES = ("cc-by-4.0", "cc0-1.0", "internal")
+
+
+def _write_photos(rng: np.random.Generator, put: _Put, summary: CorpusSummary, n_photos: int) -> None:
+    """The folder source: photos in several formats, half with sidecar captions, and broken files."""
     for i in range(n_photos):
         ext, kind = _VARIANTS[i % len(_VARIANTS)]
         w, h = _size(rng, i)
@@ -229,10 +242,13 @@ def generate_demo_corpus(root: DataRoot, prefix: str = "demo", n_photos: int = 1
         put(f"photos/{rel}", data, "photos")
         summary.broken.append(f"photos/{rel}")
 
+
+
+def _write_catalog(rng: np.random.Generator, put: _Put, summary: CorpusSummary, n_catalog: int) -> None:
+    """The Parquet source: two files of image bytes with captions, licenses and URLs (one row truncated)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    licenses = ("cc-by-4.0", "cc0-1.0", "internal")
     per_file = (n_catalog + 1) // 2
     for part in range(2):
         rows: dict[str, list[Any]] = {"image": [], "caption": [], "license": [], "url": []}
@@ -246,13 +262,17 @@ def generate_demo_corpus(root: DataRoot, prefix: str = "demo", n_photos: int = 1
                 summary.broken.append(f"catalog row {j} (truncated)")
             rows["image"].append(data)
             rows["caption"].append(scene.caption)
-            rows["license"].append(licenses[j % 3])
+            rows["license"].append(_LICENSES[j % 3])
             rows["url"].append(f"https://example.org/catalog/{j}")
         table = pa.table(rows)
         buf = io.BytesIO()
         pq.write_table(table, buf, row_group_size=20, compression="zstd")
         put(f"catalog/part-{part:04d}.parquet", buf.getvalue(), "catalog")
 
+
+
+def _write_webshards(rng: np.random.Generator, put: _Put, summary: CorpusSummary, n_web: int) -> None:
+    """The WebDataset source: tar shards of 20 samples (a few without their image member)."""
     per_shard = 20
     for shard in range((n_web + per_shard - 1) // per_shard):
         buf = io.BytesIO()
@@ -263,7 +283,7 @@ def generate_demo_corpus(root: DataRoot, prefix: str = "demo", n_photos: int = 1
                 key = f"sample_{k:06d}"
                 members: dict[str, bytes] = {
                     "txt": scene.caption.encode(),
-                    "json": json.dumps({"license": licenses[k % 3],
+                    "json": json.dumps({"license": _LICENSES[k % 3],
                                         "url": f"https://example.org/web/{k}"}).encode(),
                 }
                 if k % 19 != 5:  # a few samples lack their image member
@@ -276,4 +296,3 @@ def generate_demo_corpus(root: DataRoot, prefix: str = "demo", n_photos: int = 1
                     info.size, info.mtime, info.mode = len(data), 0, 0o644
                     tf.addfile(info, io.BytesIO(data))
         put(f"webshards/shard-{shard:05d}.tar", buf.getvalue(), "webshards")
-    return summary

@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 from PIL import Image
@@ -145,76 +146,25 @@ def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Sche
     result.images = len(rows)
     out_uri = table_uri(root, out_name)
     out = open_table(out_uri, opts)
-    done: set[tuple[str, str]] = set()
-    if out is not None:
-        have = out.to_table(columns=["image_id", "sha256"],
-                            filter=where_all(where_eq(key_col, key), where_eq("batch", batch)))
-        done = set(zip(have.column("image_id").to_pylist(), have.column("sha256").to_pylist(),
-                       strict=True))
-    present = pa.array(sorted({image_id for image_id, _ in done}), pa.string())  # ids with an output
+    done = _done(out, key_col, key, batch)
     missing = [r for r in rows if (r["image_id"], r["sha256"]) not in done]
     result.missing = len(missing)
     if not missing:
         result.version = out.version if out is not None else None
         result.seconds = time.perf_counter() - started
         return result
-
-    by_sha: dict[str, dict[str, Any]] = {}
-    if out is not None:  # reuse outputs already computed for the same content
-        shas = sorted({r["sha256"] for r in missing})
-        for part in chunks(shas, 500):
-            t = out.to_table(columns=["sha256", *payload_cols],
-                             filter=where_all(where_eq(key_col, key), where_in("sha256", part)))
-            for rec in t.to_pylist():
-                by_sha.setdefault(rec.pop("sha256"), rec)
+    by_sha = _same_content_outputs(out, missing, key_col, key, payload_cols)
     first_id: dict[str, str] = {}
     for r in missing:
         if r["sha256"] not in by_sha:
             first_id.setdefault(r["sha256"], r["image_id"])
     to_compute = sorted(first_id.items(), key=lambda kv: kv[1])  # (sha, image_id), id order
-
-    out_ds = out if out is not None else open_or_create(out_uri, out_schema, opts)
-    pending: list[dict[str, Any]] = []
-    emitted: set[str] = set()
-
-    def flush() -> None:
-        nonlocal pending
-        if not pending:
-            return
-        table = pa.Table.from_pylist(pending, schema=out_schema)
-        lease.check()
-        # Images with no output under this key yet are appended (a cost that does not grow with
-        # the table); only images whose content changed since their output replace a row by merge.
-        fresh = pc.invert(pc.is_in(table.column("image_id"), value_set=present))
-        if pc.any(fresh).as_py():
-            out_ds.insert(table.filter(fresh))
-        replaced = table.filter(pc.invert(fresh))
-        if replaced.num_rows:
-            (out_ds.merge_insert([key_col, "image_id"]).when_matched_update_all()
-             .when_not_matched_insert_all().execute(replaced))
-        result.written += len(pending)
-        result.changed = True
-        pending = []
-        crash_point(f"enrich.{'captions' if out_name == CAPTIONS_TABLE else 'embeddings'}.after_commit")
-
-    waiting: dict[str, list[dict[str, Any]]] = {}
-    for r in missing:
-        waiting.setdefault(r["sha256"], []).append(r)
-
-    def emit(shas: Sequence[str]) -> None:
-        for sha in shas:
-            for r in waiting.pop(sha, []):
-                emitted.add(r["image_id"])
-                pending.append({"image_id": r["image_id"], key_col: key, "batch": batch,
-                                "sha256": sha, **by_sha[sha]})
-        if len(pending) >= commit_every:
-            flush()
-
-    def emit_ready() -> None:
-        emit([sha for sha in list(waiting) if sha in by_sha])
-
-    emit_ready()
-    result.reused = len(emitted)
+    writer = _OutputWriter(out if out is not None else open_or_create(out_uri, out_schema, opts), out_schema,
+                           key_col, key, batch, commit_every, lease, result, by_sha,
+                           present=pa.array(sorted({image_id for image_id, _ in done}), pa.string()),
+                           crash_at=f"enrich.{'captions' if out_name == CAPTIONS_TABLE else 'embeddings'}.after_commit")
+    writer.wait_for(missing)
+    writer.emit([sha for sha in list(writer.waiting) if sha in by_sha])
     compute: Compute | None = None
     parts = list(pixel_chunks(to_compute, [pixels[i] for _, i in to_compute], decoding.count, decoding.chunk_pixels))
     for part, pil in _decoded_chunks(images, batch, parts, decoding.max_pixels):
@@ -228,11 +178,82 @@ def _enrich_batch(root: DataRoot, batch: str, out_name: str, out_schema: pa.Sche
         for (sha, _), payload in zip(part, outputs, strict=True):
             by_sha[sha] = payload
         result.computed += len(part)
-        emit([sha for sha, _ in part])
+        writer.emit([sha for sha, _ in part])
         if progress:
             progress(result.computed, len(to_compute))
-    flush()
-    result.reused = len(emitted) - result.computed
-    result.version = out_ds.version
+    writer.flush()
+    result.reused = len(writer.emitted) - result.computed
+    result.version = writer.out.version
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _done(out: lance.LanceDataset | None, key_col: str, key: str, batch: str) -> set[tuple[str, str]]:
+    """``(image_id, sha256)`` of the batch's images that have an output under ``key`` already."""
+    if out is None:
+        return set()
+    have = out.to_table(columns=["image_id", "sha256"], filter=where_all(where_eq(key_col, key), where_eq("batch", batch)))
+    return set(zip(have.column("image_id").to_pylist(), have.column("sha256").to_pylist(), strict=True))
+
+
+def _same_content_outputs(out: lance.LanceDataset | None, missing: Sequence[dict[str, Any]], key_col: str,
+                          key: str, payload_cols: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Outputs already computed under ``key`` for the same content (by sha256), reused as they are."""
+    by_sha: dict[str, dict[str, Any]] = {}
+    if out is None:
+        return by_sha
+    for part in chunks(sorted({r["sha256"] for r in missing}), 500):
+        t = out.to_table(columns=["sha256", *payload_cols], filter=where_all(where_eq(key_col, key),
+                                                                            where_in("sha256", part)))
+        for rec in t.to_pylist():
+            by_sha.setdefault(rec.pop("sha256"), rec)
+    return by_sha
+
+
+class _OutputWriter:
+    """Rows of one batch's outputs, committed every ``commit_every`` rows: images with no output under
+    this key yet are appended (a cost that does not grow with the table); only images whose content
+    changed since their output replace a row by merge."""
+
+    def __init__(self, out: lance.LanceDataset, schema: pa.Schema, key_col: str, key: str, batch: str,
+                 commit_every: int, lease: Lease, result: EnrichResult, by_sha: dict[str, dict[str, Any]],
+                 present: pa.Array, crash_at: str) -> None:
+        self.out, self.schema, self.key_col, self.key, self.batch = out, schema, key_col, key, batch
+        self.commit_every, self.lease, self.result, self.by_sha = commit_every, lease, result, by_sha
+        self.present, self.crash_at = present, crash_at
+        self.pending: list[dict[str, Any]] = []
+        self.emitted: set[str] = set()
+        self.waiting: dict[str, list[dict[str, Any]]] = {}
+
+    def wait_for(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Rows that get an output once their content's output is known."""
+        for r in rows:
+            self.waiting.setdefault(r["sha256"], []).append(r)
+
+    def emit(self, shas: Sequence[str]) -> None:
+        """Queue the rows waiting for ``shas`` (outputs known), committing every ``commit_every``."""
+        for sha in shas:
+            for r in self.waiting.pop(sha, []):
+                self.emitted.add(r["image_id"])
+                self.pending.append({"image_id": r["image_id"], self.key_col: self.key, "batch": self.batch,
+                                     "sha256": sha, **self.by_sha[sha]})
+        if len(self.pending) >= self.commit_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit the queued rows (after checking the writer lease)."""
+        if not self.pending:
+            return
+        table = pa.Table.from_pylist(self.pending, schema=self.schema)
+        self.lease.check()
+        fresh = pc.invert(pc.is_in(table.column("image_id"), value_set=self.present))
+        if pc.any(fresh).as_py():
+            self.out.insert(table.filter(fresh))
+        replaced = table.filter(pc.invert(fresh))
+        if replaced.num_rows:
+            (self.out.merge_insert([self.key_col, "image_id"]).when_matched_update_all()
+             .when_not_matched_insert_all().execute(replaced))
+        self.result.written += len(self.pending)
+        self.result.changed = True
+        self.pending = []
+        crash_point(self.crash_at)

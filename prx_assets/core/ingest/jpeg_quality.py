@@ -373,6 +373,21 @@ def error_weighted_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: in
 SECOND_DRAW_FLOOR = 0.02
 
 
+def _later_cycles(picked: dict[int, int], second: dict[int, Any], first: np.ndarray, quality: int, cycles: int,
+                  subsampling: str) -> tuple[np.ndarray, int]:
+    """What cycles 3.. add to the second cycle's error over the second draws ``picked`` (cell: times
+    drawn), each increment over its draw weight; and the most cycles run."""
+    added = np.zeros(cycles - 2)
+    run = 0
+    for i, count in picked.items():
+        err2, start, last, reference, inner = second[i]
+        if not _is_fixed(last, start):  # else every later cycle is the second again: adds nothing
+            later, ran, _ = _cycles(last, reference, inner, quality, cycles - 2, subsampling)
+            run = max(run, 2 + ran)
+            added += count * (later - err2) / (abs(err2 - first[i]) + SECOND_DRAW_FLOOR * err2)
+    return added, run
+
+
 def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, subsampling: str = "4:2:0",
                     label: str = "", tiles: int = 8, first_draws: int | None = None, cell: int = CHECK_TILE,
                     margin: int = CHECK_MARGIN, png_reference: bool = False) -> CycleCurve:
@@ -443,13 +458,8 @@ def two_phase_curve(rgb: Image.Image, jpeg: bytes, quality: int, cycles: int, su
             picked: dict[int, int] = {}
             for j, count in draw_tiles(weight, tiles, f"{label}/second").items():
                 picked[cells[j]] = picked.get(cells[j], 0) + count
-            added = np.zeros(cycles - 2)
-            for i, count in picked.items():
-                err2, start, last, reference, inner = second[i]
-                if not _is_fixed(last, start):  # else every later cycle is the second again: adds nothing
-                    later, ran, _ = _cycles(last, reference, inner, quality, cycles - 2, subsampling)
-                    run = max(run, 2 + ran)
-                    added += count * (later - err2) / (abs(err2 - first[i]) + SECOND_DRAW_FLOOR * err2)
+            added, ran = _later_cycles(picked, second, first, quality, cycles, subsampling)
+            run = max(run, ran)
             estimate[2:] = np.maximum(0.0, estimate[1] + weight.mean() * added / tiles)
     first_db = 10.0 * math.log10(255.0**2 * w * h * 3 / total)
     curve = tuple(first_db + 10.0 * math.log10(total / e) if e > 0 else float("inf") for e in estimate)
