@@ -70,3 +70,17 @@ def test_the_graph_sees_a_cycle_through_a_function_level_import(tmp_path: Path) 
     (pkg / "b.py").write_text("def x():\n    from . import a\n")
     assert [sorted(c) for c in nx.strongly_connected_components(import_graph(pkg)) if len(c) > 1] == \
         [["prx_assets.a", "prx_assets.b"]]
+
+
+@pytest.mark.parametrize("module", ["prx_assets.definitions", "prx_assets.core.stages.ingest"])
+def test_loading_the_definitions_or_an_ingest_job_imports_no_model_stack(module: str) -> None:
+    """torch, transformers and streaming (which imports torch) load where a model or a shard reader
+    runs, not when Dagster loads the definitions or an ingest job starts."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, warnings; warnings.simplefilter('ignore'); import {module}; "
+            "heavy = sorted(m for m in ('torch', 'transformers', 'streaming') if m in sys.modules); "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]

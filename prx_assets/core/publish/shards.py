@@ -41,7 +41,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_assets.compat.streaming import flush_shard
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot, is_remote, read_uri
 from prx_assets.core.config.stores import split_object_uri
@@ -477,6 +476,8 @@ def write_aligned(out: str, columns: dict[str, str], settings: ShardSettings, co
     """Write ``samples`` as MDS shards holding exactly ``counts[j]`` samples each (empty ones too), so
     shard ``j`` lines up with shard ``j`` of the stream a sidecar extends."""
     from streaming import MDSWriter
+
+    from prx_assets.compat.streaming import flush_shard
 
     bounds = list(itertools.accumulate(counts))
     j = 0
