@@ -45,6 +45,7 @@ test-fast: venv lint
 
 bench: venv
 	$(PY) -m bench
+	$(PY) -m bench report
 
 # The wheels bench/gpu.py brings to a GPU machine without mosaicml-streaming (cp312 manylinux, ~8 MB with pyroaring for skip lists):
 # carry .gpu-wheels and run `python bench/gpu.py --wheels .gpu-wheels --out gpu.json` there.

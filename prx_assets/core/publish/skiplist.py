@@ -6,7 +6,7 @@ is arranged, which streaming does once per node and epoch, in one process. This 
 them as one roaring bitmap (pyroaring's ``BitMap64``; key ``stream << 32 | index``): runs,
 arrays and bitmaps chosen per 2^16 keys by the library, so a clustered opt-out costs almost
 nothing and a spread one under a byte a skipped sample at the compaction bound (measured by
-``python -m bench loader``: docs/benchmarks/loader.md). The bitmap is written once,
+``python -m bench loader``: docs/benchmarks.md). The bitmap is written once,
 content-addressed, under the node's temp folder; what a DataLoader worker receives is its path,
 and only the process that arranges an epoch reads it.
 """
