@@ -106,8 +106,8 @@ def test_mixture_naming_an_unknown_recipe_fails_with_its_name(tmp_path: Path) ->
     ("[demo_all]", r"mixtures.yaml: mixture 'm': streams\[0\]='demo_all': expected a mapping with a recipe and a "
                    r"weight, got str \(fix: write \{recipe: demo_all, proportion: 1\}\)"),
     ("demo_all", r"streams='demo_all': expected a list of streams, got str"),
-    ("[{recipe: a, proportion: lots}]", r"streams\[0\].proportion='lots': expected a positive number"),
-    ("[{recipe: a, repeat: -1}]", r"streams\[0\].repeat=-1: expected a positive number"),
+    ("[{recipe: a, proportion: lots}]", r"streams\[0\].proportion='lots': expected a float or null, got str"),
+    ("[{recipe: a, repeat: -1}]", r"streams\[0\].repeat=-1 must be > 0"),
 ])
 def test_malformed_streams_name_the_file_entry_and_fix(tmp_path: Path, streams: str, pattern: str) -> None:
     (tmp_path / "mixtures.yaml").write_text(f"mixtures:\n  - {{name: m, streams: {streams}}}\n")

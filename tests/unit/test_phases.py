@@ -67,11 +67,11 @@ def test_a_mixture_without_phases_keeps_its_version(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text,message", [
     ("mixtures:\n  - {name: m, streams: [{recipe: a}], phases: [{name: p, steps: 1, streams: [{recipe: a}]}]}\n",
      "sets both streams and phases"),
-    ("mixtures:\n  - {name: m, phases: [{name: p, streams: [{recipe: a}]}]}\n", "has no steps"),
+    ("mixtures:\n  - {name: m, phases: [{name: p, streams: [{recipe: a}]}]}\n", r"missing 'phases\[0\].steps' \(fix: add steps: "),
     ("mixtures:\n  - {name: m, phases: [{name: p, steps: 1, streams: [{recipe: a}]}, "
      "{name: p, steps: 1, streams: [{recipe: a}]}]}\n", "phase name 'p' is invalid or duplicated"),
     ("mixtures:\n  - {name: m, phases: [{name: p, steps: 1, resolution: 0, streams: [{recipe: a}]}]}\n",
-     "resolution=0: expected a positive integer"),
+     r"phases\[0\].resolution=0 must be >= 1"),
 ])
 def test_bad_phases_are_refused_with_the_fix(tmp_path: Path, text: str, message: str) -> None:
     cfg = tmp_path / "mixtures.yaml"

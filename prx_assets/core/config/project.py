@@ -22,10 +22,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
+from pydantic import BaseModel, Field
 
+from prx_assets.core.config.schema import STRICT, mapping, model_of, validate
 from prx_assets.errors import ConfigError
 
 T = TypeVar("T")
@@ -242,6 +244,71 @@ class SourcesConfig:
         return named(self.sources, name, "source", self.path, "add it to sources.yaml or use one of the known names")
 
 
+#: ``IngestSettings`` as a strict model (its schema; validation goes through :func:`validate`).
+IngestSettingsModel = model_of(IngestSettings)
+
+
+class _SourceEntry(BaseModel):
+    """The keys every source of ``sources.yaml`` may set."""
+
+    model_config = STRICT
+    name: str = Field(pattern=SOURCE_NAME_RE.pattern, description="Unique source name (partition keys start with it).")
+    description: str | None = None
+    batch_size: int | None = Field(default=None, ge=1, description="Items per ingest batch (partition); default "
+                                   "2000 for folders and object stores, 5000 rows of Parquet, 4 tar shards.")
+    extensions: list[str] | None = Field(default=list(DEFAULT_EXTENSIONS), description="File extensions ingested "
+                                         "(folders, object stores); null: every file.")
+    recursive: bool = True
+    image_column: str = Field(default="image", description="Parquet: the column holding image bytes.")
+    caption_field: str | None = Field(default=None, description="Where a source caption is: a Parquet column or a "
+                                      "WebDataset member extension.")
+    license_field: str | None = None
+    license: str | None = Field(default=None, description="A license for every image of the source.")
+    carry: list[str] = Field(default_factory=list, description="Fields carried into the lab as they are.")
+    ingest: IngestSettingsModel | None = Field(default=None, description="Ingest settings over the file's "
+                                               "top-level ones.")
+    follow_links: bool = Field(default=False, description="Folders: ingest what links leading out of the folder "
+                               "point to.")
+
+
+class FolderSourceEntry(_SourceEntry):
+    """A folder of image files (local, shared filesystem, or an object-store prefix given as ``uri``)."""
+
+    kind: Literal["folder"]
+    path: str | None = None
+    uri: str | None = None
+
+
+class ObjectStoreSourceEntry(_SourceEntry):
+    """Image files under an ``s3://`` or ``gs://`` prefix."""
+
+    kind: Literal["s3", "gcs"]
+    uri: str
+
+
+class FileSourceEntry(_SourceEntry):
+    """Parquet files with image bytes, or WebDataset tar shards."""
+
+    kind: Literal["parquet", "webdataset"]
+    path: str | None = None
+    uri: str | None = None
+
+
+#: One ``sources:`` entry: its keys depend on its ``kind``.
+SourceEntry = Annotated[FolderSourceEntry | ObjectStoreSourceEntry | FileSourceEntry, Field(discriminator="kind")]
+_ENTRY_OF_KIND: dict[str, type[_SourceEntry]] = {"folder": FolderSourceEntry, "s3": ObjectStoreSourceEntry,
+                                                 "gcs": ObjectStoreSourceEntry, "parquet": FileSourceEntry,
+                                                 "webdataset": FileSourceEntry}
+
+
+class SourcesFile(BaseModel):
+    """``sources.yaml``: the image collections, and ingest settings for all of them."""
+
+    model_config = STRICT
+    sources: list[SourceEntry]
+    ingest: IngestSettingsModel | None = None
+
+
 def expand_env(value: str) -> str:
     """Expand ``${VAR}`` / ``${VAR:-default}``; ``PRX_DATA_ROOT`` defaults to the data root."""
 
@@ -258,73 +325,25 @@ def expand_env(value: str) -> str:
     return _ENV_RE.sub(repl, value)
 
 
-_INGEST_FIELDS = {f.name: f for f in dataclasses.fields(IngestSettings)}
-#: Each ingest setting's declared type as written (``from __future__ import annotations``: strings).
-_INGEST_TYPES = {name: str(f.type) for name, f in _INGEST_FIELDS.items()}
-_SOURCE_KEYS = {"name", "kind", "path", "uri", "batch_size", "extensions", "recursive",
-                "image_column", "caption_field", "license_field", "license", "carry", "ingest",
-                "description", "follow_links"}
-
-
 def _parse_ingest(raw: Any, base: IngestSettings, where: str, path: str) -> IngestSettings:
+    """``raw`` ingest settings over ``base`` (the file's top-level ones), validated and checked."""
     if raw is None:
         return base
     if not isinstance(raw, Mapping):
         raise ConfigError(f"'ingest' must be a mapping, got {type(raw).__name__}", path=path,
                           entry=where, fix="write ingest settings as key: value pairs")
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in _INGEST_FIELDS:
-            raise ConfigError(f"unknown ingest setting {key!r}", path=path, entry=where,
-                              fix=f"use one of: {', '.join(sorted(_INGEST_FIELDS))}")
-        if key == "aspect_buckets":
-            if isinstance(value, str) or not isinstance(value, list | tuple):
-                raise ConfigError(f"aspect_buckets={value!r}: expected a list of 'W:H' strings, got "
-                                  f"{type(value).__name__}", path=path, entry=where,
-                                  fix="write aspect_buckets: ['1:1', '4:3', '16:9']")
-            value = tuple(str(v) for v in value)
-            for bucket in value:
-                _parse_ratio(bucket, path, where)
-        elif key == "lossless_fallback" and value is False:
-            value = "off"  # YAML reads a bare `off` as false
-        else:
-            value = _typed(key, value, _INGEST_TYPES[key], path, where)
-        values[key] = value
-    settings = dataclasses.replace(base, **values)
+    values = dict(raw)
+    if values.get("lossless_fallback") is False:
+        values["lossless_fallback"] = "off"  # YAML reads a bare `off` as false
+    if isinstance(values.get("aspect_buckets"), str):
+        raise ConfigError(f"aspect_buckets={values['aspect_buckets']!r}: expected a list of 'W:H' strings, got str",
+                          path=path, entry=where, fix="write aspect_buckets: ['1:1', '4:3', '16:9']")
+    merged = {**dataclasses.asdict(base), **values}
+    settings = validate(IngestSettings, merged, path, where, what="ingest setting")
+    for bucket in settings.aspect_buckets:
+        _parse_ratio(bucket, path, where)
     _validate_ingest(settings, path, where)
     return settings
-
-
-def typed_value(key: str, value: Any, expected: str, path: str, where: str, example: str = "",
-                default: Any = None) -> Any:
-    """``value`` checked against a setting's declared type (``int``, ``float``, ``str``, ``bool``,
-    any of them ``| None``); a wrong type is a ConfigError naming the file, entry, value, what was
-    expected and the fix, never a traceback later. ``bool`` is not an ``int`` here (YAML's ``true``)."""
-    optional = expected.replace(" ", "").endswith("|None")
-    base = expected.split("|")[0].strip()
-    if value is None and optional:
-        return None
-    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
-          "float": isinstance(value, int | float) and not isinstance(value, bool),
-          "str": isinstance(value, str), "bool": isinstance(value, bool)}.get(base, True)
-    if not ok:
-        example = example or {"int": "92", "float": "4.0", "str": "'text'", "bool": "true"}.get(base, "")
-        raise ConfigError(f"{key}={value!r}: expected {'an' if base == 'int' else 'a'} {base}"
-                          f"{' or null' if optional else ''}, got {type(value).__name__}", path=path, entry=where,
-                          fix=f"write {key}: {example}" + (f" (default {default!r})" if default is not None else ""))
-    return float(value) if base == "float" and value is not None else value
-
-
-def check_fields(cls: type, values: Mapping[str, Any], path: str, where: str) -> dict[str, Any]:
-    """``values`` for dataclass ``cls``, each checked against its field's declared type."""
-    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
-    return {k: typed_value(k, v, types[k], path, where) if k in types else v for k, v in values.items()}
-
-
-def _typed(key: str, value: Any, expected: str, path: str, where: str) -> Any:
-    """An ingest setting checked against its declared type (see :func:`typed_value`)."""
-    example = {"int": "92", "float": "4.0", "str": "'4:2:0'", "bool": "true"}.get(expected.split("|")[0].strip(), "")
-    return typed_value(key, value, expected, path, where, example, getattr(IngestSettings(), key))
 
 
 def _parse_ratio(bucket: str, path: str, where: str) -> float:
@@ -458,69 +477,41 @@ def load_sources(path: str | os.PathLike[str] | None = None) -> SourcesConfig:
     base = _parse_ingest(doc.get("ingest"), IngestSettings(), "ingest", spath)
     sources: list[SourceConfig] = []
     for i, raw in enumerate(doc["sources"]):
-        where = f"sources[{i}]"
-        if not isinstance(raw, Mapping):
-            raise ConfigError("each source must be a mapping", path=spath, entry=where,
-                              fix="write {name: ..., kind: ..., path: ...}")
-        name = raw.get("name")
-        if not isinstance(name, str) or not SOURCE_NAME_RE.match(name):
-            raise ConfigError(f"source name {name!r} is invalid", path=spath, entry=where,
-                              fix="use lowercase letters, digits and '_' starting with a letter")
-        where = f"source {name!r}"
-        if any(s.name == name for s in sources):
-            raise ConfigError("duplicate source name", path=spath, entry=where,
+        source = _parse_source(raw, i, base, cfg_path)
+        if any(s.name == source.name for s in sources):
+            raise ConfigError("duplicate source name", path=spath, entry=f"source {source.name!r}",
                               fix="give every source a unique name")
-        unknown = set(raw) - _SOURCE_KEYS
-        if unknown:
-            raise ConfigError(f"unknown keys {sorted(unknown)}", path=spath, entry=where,
-                              fix=f"use only: {', '.join(sorted(_SOURCE_KEYS))}")
-        kind = raw.get("kind")
-        if kind not in SOURCE_KINDS:
-            raise ConfigError(f"unknown source kind {kind!r}", path=spath, entry=where,
-                              fix=f"use one of: {', '.join(SOURCE_KINDS)}")
-        loc = raw.get("uri") if kind in ("s3", "gcs") else raw.get("path", raw.get("uri"))
-        if not loc:
-            key = "uri" if kind in ("s3", "gcs") else "path"
-            raise ConfigError(f"missing '{key}'", path=spath, entry=where,
-                              fix=f"add {key}: ... to the source")
-        batch_size = raw.get("batch_size", DEFAULT_BATCH_SIZE[kind])
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size!r} must be a positive integer", path=spath,
-                              entry=where, fix="use e.g. 2000")
-        exts = raw.get("extensions", DEFAULT_EXTENSIONS)
-        if exts is not None:
-            exts = tuple(str(e).lower().lstrip(".") for e in exts)
-        carry = raw.get("carry") or ()
-        if isinstance(carry, str) or not all(isinstance(c, str) for c in carry):
-            raise ConfigError(f"carry={carry!r} must be a list of field names", path=spath,
-                              entry=where, fix="write carry: [license, url]")
-        if kind == "folder" and loc_scheme(raw, kind):
-            kind = "s3" if loc_scheme(raw, kind) == "s3" else "gcs"  # a folder on an object store is a prefix
-        sources.append(SourceConfig(
-            name=name,
-            kind=kind,
-            location=_resolve_location(loc, kind, cfg_path, where),
-            batch_size=batch_size,
-            extensions=exts,
-            recursive=bool(raw.get("recursive", True)),
-            image_column=str(raw.get("image_column", "image")),
-            caption_field=raw.get("caption_field"),
-            license_field=raw.get("license_field"),
-            license=raw.get("license"),
-            carry=tuple(carry),
-            ingest=_parse_ingest(raw.get("ingest"), base, where, spath),
-            follow_links=_flag(raw, "follow_links", where, spath),
-        ))
+        sources.append(source)
     return SourcesConfig(path=spath, sources=tuple(sources), ingest=base)
 
 
-def _flag(raw: Mapping[str, Any], key: str, where: str, path: str, default: bool = False) -> bool:
-    """A true/false setting; anything else is a ConfigError naming it."""
-    value = raw.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r} must be true or false", path=path, entry=where,
-                          fix=f"write {key}: true or {key}: false")
-    return value
+def _parse_source(raw: Any, i: int, base: IngestSettings, cfg_path: Path) -> SourceConfig:
+    """One ``sources:`` entry, validated (its kind's keys and types) and resolved."""
+    spath = str(cfg_path)
+    raw = mapping(raw, spath, f"sources[{i}]", "{name: ..., kind: ..., path: ...}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not SOURCE_NAME_RE.match(name):
+        raise ConfigError(f"source name {name!r} is invalid", path=spath, entry=f"sources[{i}]",
+                          fix="use lowercase letters, digits and '_' starting with a letter")
+    where = f"source {name!r}"
+    kind = raw.get("kind")
+    if kind not in SOURCE_KINDS:
+        raise ConfigError(f"unknown source kind {kind!r}", path=spath, entry=where,
+                          fix=f"use one of: {', '.join(SOURCE_KINDS)}")
+    entry = validate(_ENTRY_OF_KIND[kind], {k: v for k, v in raw.items() if k != "ingest"}, spath, where)
+    loc = getattr(entry, "uri", None) if kind in ("s3", "gcs") else (getattr(entry, "path", None) or entry.uri)
+    if not loc:
+        key = "uri" if kind in ("s3", "gcs") else "path"
+        raise ConfigError(f"missing '{key}'", path=spath, entry=where, fix=f"add {key}: ... to the source")
+    exts = tuple(e.lower().lstrip(".") for e in entry.extensions) if entry.extensions is not None else None
+    if kind == "folder" and loc_scheme(raw, kind):
+        kind = "s3" if loc_scheme(raw, kind) == "s3" else "gcs"  # a folder on an object store is a prefix
+    return SourceConfig(
+        name=name, kind=kind, location=_resolve_location(loc, kind, cfg_path, where),
+        batch_size=entry.batch_size or DEFAULT_BATCH_SIZE[kind], extensions=exts, recursive=entry.recursive,
+        image_column=entry.image_column, caption_field=entry.caption_field, license_field=entry.license_field,
+        license=entry.license, carry=tuple(entry.carry), ingest=_parse_ingest(raw.get("ingest"), base, where, spath),
+        follow_links=entry.follow_links)
 
 
 def loc_scheme(raw: Mapping[str, Any], kind: str) -> str | None:

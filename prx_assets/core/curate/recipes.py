@@ -26,15 +26,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from prx_assets.core.config.project import check_fields, config_dir, expand_env, named, read_entries
+from pydantic import BaseModel, Field
+
+from prx_assets.core.config.project import config_dir, expand_env, named, read_entries
+from prx_assets.core.config.schema import STRICT, model_of, validate
 from prx_assets.errors import ConfigError
 
 RECIPE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
-_KEYS = {"name", "description", "where", "captions", "caption_mix", "min_side", "min_pixels",
-         "aspect_buckets", "dedup", "optout", "cap", "seed"}
-_DEDUP_KEYS = {"exact", "phash_distance", "embedding_threshold"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class Dedup:
     exact: bool = True
     phash_distance: int | None = None
     embedding_threshold: float | None = None
+
+
+#: ``Dedup`` as a strict model (its schema; validation goes through :func:`validate`).
+DedupModel = model_of(Dedup)
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,40 @@ class RecipesConfig:
         return named(self.recipes, name, "recipe", self.path, "add it to recipes.yaml or use a known name")
 
 
+class OptoutFiles(BaseModel):
+    """A recipe's own opt-out lists: files of image ids or source URIs, one a line (relative to the file)."""
+
+    model_config = STRICT
+    image_ids: str | None = None
+    uris: str | None = None
+
+
+class RecipeEntry(BaseModel):
+    """One ``recipes:`` entry of ``recipes.yaml``."""
+
+    model_config = STRICT
+    name: str = Field(pattern=RECIPE_NAME_RE.pattern)
+    description: str | None = None
+    where: str | None = Field(default=None, description="A SQL predicate pushed down to the lab's scan.")
+    captions: list[str] = Field(default_factory=list, description="Captioner names or ids whose captions go out.")
+    caption_mix: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="Captioner name -> weight: one caption per sample drawn by weight.")
+    min_side: int | None = Field(default=None, ge=1)
+    min_pixels: int | None = Field(default=None, ge=1)
+    aspect_buckets: list[str] = Field(default_factory=list, description="Keep only these 'W:H' buckets.")
+    dedup: DedupModel = Field(default_factory=DedupModel)  # type: ignore[valid-type]
+    optout: OptoutFiles | None = None
+    cap: int | None = Field(default=None, ge=1, description="At most this many images, drawn with seed.")
+    seed: int = 0
+
+
+class RecipesFile(BaseModel):
+    """``recipes.yaml``: the curation recipes."""
+
+    model_config = STRICT
+    recipes: list[RecipeEntry]
+
+
 def _bad(msg: str, path: str, where: str, fix: str) -> ConfigError:
     return ConfigError(msg, path=path, entry=where, fix=fix)
 
@@ -137,69 +175,35 @@ def _bucket(bucket: Any, path: str, where: str) -> None:
                    "write buckets like '16:9' (ingest assigns the nearest of its aspect_buckets)") from None
 
 
-def _parse_one(raw: Mapping[str, Any], i: int, cfg: Path) -> Recipe:
+def _parse_one(raw: Any, i: int, cfg: Path) -> Recipe:
     spath = str(cfg)
     name = raw.get("name") if isinstance(raw, Mapping) else None
     if not isinstance(name, str) or not RECIPE_NAME_RE.match(name):
         raise _bad(f"recipe name {name!r} is invalid", spath, f"recipes[{i}]",
                    "use lowercase letters, digits and '_' starting with a letter")
     where = f"recipe {name!r}"
-    unknown = set(raw) - _KEYS
-    if unknown:
-        raise _bad(f"unknown keys {sorted(unknown)}", spath, where, f"use only: {', '.join(sorted(_KEYS))}")
-    dedup_raw = raw.get("dedup") or {}
-    if not isinstance(dedup_raw, Mapping) or set(dedup_raw) - _DEDUP_KEYS:
-        raise _bad(f"dedup must be a mapping with keys {sorted(_DEDUP_KEYS)}, got {dedup_raw!r}", spath, where,
-                   "write dedup: {exact: true, phash_distance: 4}")
-    dedup = Dedup(**check_fields(Dedup, dedup_raw, spath, where))
+    if isinstance(raw.get("aspect_buckets"), str):
+        raise _bad(f"aspect_buckets={raw['aspect_buckets']!r} must be a list of 'W:H' buckets", spath, where,
+                   "write aspect_buckets: ['1:1', '4:3']")
+    entry = validate(RecipeEntry, {k: v for k, v in raw.items() if v is not None or k in ("where", "cap")},
+                     spath, where)
+    dedup = entry.dedup
     if dedup.phash_distance is not None and not (0 <= dedup.phash_distance <= 16):
         raise _bad(f"phash_distance={dedup.phash_distance!r} is outside 0..16", spath, where, "use e.g. 4")
     if dedup.embedding_threshold is not None and not (0.0 < dedup.embedding_threshold <= 1.0):
         raise _bad(f"embedding_threshold={dedup.embedding_threshold!r} is outside (0, 1]", spath, where,
                    "use a cosine similarity such as 0.97")
-    scalars = check_fields(Recipe, {k: raw[k] for k in ("where", "min_side", "min_pixels", "seed", "description")
-                                    if k in raw}, spath, where)
-    for key in ("min_side", "min_pixels"):
-        if scalars.get(key) is not None and scalars[key] < 1:
-            raise _bad(f"{key}={scalars[key]!r} must be a positive integer", spath, where, f"use e.g. {key}: 256")
-    buckets = raw.get("aspect_buckets") or ()
-    if isinstance(buckets, str) or not isinstance(buckets, list | tuple):
-        raise _bad(f"aspect_buckets={buckets!r} must be a list of 'W:H' buckets", spath, where,
-                   "write aspect_buckets: ['1:1', '4:3']")
-    for bucket in buckets:
+    for bucket in entry.aspect_buckets:
         _bucket(bucket, spath, where)
-    captions = raw.get("captions") or []
-    if isinstance(captions, str) or not all(isinstance(c, str) for c in captions):
-        raise _bad(f"captions={captions!r} must be a list of captioner names or ids", spath, where,
-                   "write captions: [detailed, short]")
-    mix_raw = raw.get("caption_mix") or {}
-    if not isinstance(mix_raw, Mapping) or any(isinstance(w, bool) or not isinstance(w, int | float) or w <= 0
-                                               for w in mix_raw.values()):
-        raise _bad(f"caption_mix={mix_raw!r} must map captioner names to positive weights", spath, where,
-                   "write caption_mix: {detailed: 0.7, short: 0.3}")
-    optout = raw.get("optout") or {}
-    if not isinstance(optout, Mapping) or set(optout) - {"image_ids", "uris"}:
-        raise _bad(f"optout={optout!r} must have keys image_ids and/or uris", spath, where,
-                   "write optout: {image_ids: optout/ids.txt}")
-    cap = raw.get("cap")
-    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-        raise _bad(f"cap={cap!r} must be a positive integer", spath, where, "use e.g. 100000 or remove it")
+    optout = entry.optout or OptoutFiles()
     return Recipe(
-        name=name,
-        description=str(scalars.get("description") or ""),
-        where=scalars.get("where"),
-        captions=tuple(captions),
-        caption_mix=tuple((str(k), float(v)) for k, v in mix_raw.items()),
-        min_side=scalars.get("min_side"),
-        min_pixels=scalars.get("min_pixels"),
-        aspect_buckets=tuple(str(b) for b in buckets),
-        dedup=dedup,
-        optout_ids_file=_file(optout["image_ids"], cfg, where, "opt-out image_ids") if "image_ids" in optout
-        else None,
-        optout_uris_file=_file(optout["uris"], cfg, where, "opt-out uris") if "uris" in optout else None,
-        cap=cap,
-        seed=scalars.get("seed", 0),
-    )
+        name=name, description=entry.description or "", where=entry.where, captions=tuple(entry.captions),
+        caption_mix=tuple((k, float(v)) for k, v in entry.caption_mix.items()), min_side=entry.min_side,
+        min_pixels=entry.min_pixels, aspect_buckets=tuple(entry.aspect_buckets),
+        dedup=Dedup(**dedup.model_dump()),
+        optout_ids_file=_file(optout.image_ids, cfg, where, "opt-out image_ids") if optout.image_ids else None,
+        optout_uris_file=_file(optout.uris, cfg, where, "opt-out uris") if optout.uris else None,
+        cap=entry.cap, seed=entry.seed)
 
 
 def load_recipes(path: str | os.PathLike[str] | None = None) -> RecipesConfig:

@@ -27,14 +27,16 @@ are resolved against the config file's folder.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prx_assets.core.config.project import check_fields, config_dir, expand_env, read_yaml
+from pydantic import BaseModel, Field
+
+from prx_assets.core.config.project import config_dir, expand_env, read_yaml
+from prx_assets.core.config.schema import STRICT, mapping, model_of, validate
 from prx_assets.core.lab.schema import VECTOR_DTYPES
 from prx_assets.core.models.caption_spec import BACKENDS, CaptionerSpec
 from prx_assets.core.models.embeddings import EmbedderSpec
@@ -68,6 +70,21 @@ class ModelsConfig:
         return [c.captioner_id() for c in self.captioners]
 
 
+#: The strict models of the specs (their schema; validation goes through :func:`validate`).
+CaptionerSpecModel, EmbedderSpecModel, TextTowerSpecModel = (model_of(c) for c in (CaptionerSpec, EmbedderSpec,
+                                                                                   TextTowerSpec))
+
+
+class ModelsFile(BaseModel):
+    """``models.yaml``: the captioners (several side by side), the image embedder and the text encoder
+    that precomputes latents. A relative ``model:`` folder is read from the file's folder."""
+
+    model_config = STRICT
+    captioners: list[CaptionerSpecModel] = Field(default_factory=list)  # type: ignore[valid-type]
+    embedder: EmbedderSpecModel | None = None  # type: ignore[valid-type]
+    text_encoder: TextTowerSpecModel | None = None  # type: ignore[valid-type]
+
+
 def _expand(value: str, cfg_path: Path, where: str) -> str:
     try:
         return expand_env(value)
@@ -84,10 +101,6 @@ def _resolve_model(value: Any, cfg_path: Path, where: str) -> str:
     if looks_local(value) and not os.path.isabs(os.path.expanduser(value)):
         return str((cfg_path.parent / value).resolve())
     return os.path.expanduser(value) if value.startswith("~") else value
-
-
-def _fields(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
 
 
 def _check_local(spec: Any, spath: str, where: str) -> None:
@@ -117,23 +130,18 @@ def load_models(path: str | os.PathLike[str] | None = None, check_paths: bool = 
         raise ConfigError("expected a mapping with 'captioners:' and optionally 'embedder:' and 'text_encoder:'", path=spath,
                           fix="see docs/captioners.md")
     specs: list[CaptionerSpec] = []
-    allowed = _fields(CaptionerSpec)
     for i, raw in enumerate(doc.get("captioners") or []):
         where = f"captioners[{i}]"
         if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
             raise ConfigError("each captioner needs a 'name'", path=spath, entry=where,
                               fix="write {name: detailed, model: ..., prompt: ...}")
         where = f"captioner {raw['name']!r}"
-        unknown = set(raw) - allowed
-        if unknown:
-            raise ConfigError(f"unknown keys {sorted(unknown)}", path=spath, entry=where,
-                              fix=f"use only: {', '.join(sorted(allowed))}")
         values = dict(raw)
         values["model"] = _resolve_model(raw.get("model"), cfg_path, where)
         for key in ("server_url", "served_model"):
             if isinstance(values.get(key), str):
                 values[key] = _expand(values[key], cfg_path, where)
-        spec = CaptionerSpec(**check_fields(CaptionerSpec, values, spath, where))
+        spec = validate(CaptionerSpec, values, spath, where)
         if spec.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {spec.backend!r}", path=spath, entry=where,
                               fix=f"use one of: {', '.join(BACKENDS)}")
@@ -157,13 +165,9 @@ def load_models(path: str | os.PathLike[str] | None = None, check_paths: bool = 
         if not isinstance(raw_e, Mapping):
             raise ConfigError("'embedder' must be a mapping", path=spath, entry="embedder",
                               fix="write embedder: {model: google/siglip2-so400m-patch14-384}")
-        unknown = set(raw_e) - _fields(EmbedderSpec)
-        if unknown:
-            raise ConfigError(f"unknown keys {sorted(unknown)}", path=spath, entry="embedder",
-                              fix=f"use only: {', '.join(sorted(_fields(EmbedderSpec)))}")
         values = dict(raw_e)
         values["model"] = _resolve_model(raw_e.get("model"), cfg_path, "embedder")
-        embedder = EmbedderSpec(**check_fields(EmbedderSpec, values, spath, "embedder"))
+        embedder = validate(EmbedderSpec, values, spath, "embedder")
         if embedder.batch_size < 1:
             raise ConfigError(f"batch_size={embedder.batch_size!r} must be >= 1", path=spath, entry="embedder",
                               fix="use e.g. batch_size: 64")
@@ -173,13 +177,9 @@ def load_models(path: str | os.PathLike[str] | None = None, check_paths: bool = 
     text_encoder = None
     raw_t = doc.get("text_encoder")
     if raw_t is not None:
-        allowed_t = _fields(TextTowerSpec)
-        if not isinstance(raw_t, Mapping) or set(raw_t) - allowed_t:
-            raise ConfigError(f"'text_encoder' must be a mapping with keys among {sorted(allowed_t)}", path=spath,
-                              entry="text_encoder", fix="write text_encoder: {model: Qwen/Qwen3-VL-2B-Instruct}")
-        values = dict(raw_t)
+        values = dict(mapping(raw_t, spath, "text_encoder", "text_encoder: {model: Qwen/Qwen3-VL-2B-Instruct}"))
         values["model"] = _resolve_model(raw_t.get("model"), cfg_path, "text_encoder")
-        text_encoder = TextTowerSpec(**check_fields(TextTowerSpec, values, spath, "text_encoder"))
+        text_encoder = validate(TextTowerSpec, values, spath, "text_encoder")
         if text_encoder.max_length < 1:
             raise ConfigError("text_encoder.max_length must be >= 1", path=spath, entry="text_encoder",
                               fix="use e.g. max_length: 128")

@@ -30,7 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from prx_assets.core.config.project import config_dir, read_entries
+from prx_assets.core.config.schema import STRICT, validate
 from prx_assets.core.manifests import MixturePhase, MixtureSpec, MixtureStream, ShardSetManifest
 from prx_assets.errors import ConfigError
 
@@ -68,6 +71,44 @@ class Mixture:
     phases: tuple[Phase, ...] = ()
 
 
+class StreamEntry(BaseModel):
+    """One stream: a recipe's current shard set, weighted by at most one of proportion, repeat, choose."""
+
+    model_config = STRICT
+    recipe: str
+    proportion: float | None = Field(default=None, gt=0, description="Share of the epoch (relative to the others).")
+    repeat: float | None = Field(default=None, gt=0, description="Times the set's samples per epoch (2.0: upsample).")
+    choose: int | None = Field(default=None, ge=1, description="Exactly this many samples per epoch.")
+
+
+class PhaseEntry(BaseModel):
+    """One phase of a phased mixture, trained for ``steps`` optimizer steps at ``resolution``."""
+
+    model_config = STRICT
+    name: str = Field(pattern=NAME_RE.pattern)
+    steps: int = Field(ge=1)
+    resolution: int | None = Field(default=None, ge=1)
+    epoch_size: int | None = Field(default=None, ge=1)
+    streams: list[StreamEntry]
+
+
+class MixtureEntry(BaseModel):
+    """One ``mixtures:`` entry: streams, or phases that each have their own."""
+
+    model_config = STRICT
+    name: str = Field(pattern=NAME_RE.pattern)
+    epoch_size: int | None = Field(default=None, ge=1, description="Default: the sum of the streams' samples.")
+    streams: list[StreamEntry] | None = None
+    phases: list[PhaseEntry] | None = None
+
+
+class MixturesFile(BaseModel):
+    """``mixtures.yaml``: the training mixtures."""
+
+    model_config = STRICT
+    mixtures: list[MixtureEntry]
+
+
 def load_mixtures(path: str | os.PathLike[str] | None = None,
                   known_recipes: list[str] | None = None) -> dict[str, Mixture]:
     """Parse ``mixtures.yaml``; a stream naming an unknown recipe fails with the known ones."""
@@ -81,6 +122,10 @@ def load_mixtures(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"mixture name {name!r} is invalid or duplicated", path=spath, entry=f"mixtures[{i}]",
                               fix="use a unique lowercase name")
         where = f"mixture {name!r}"
+        for listed in [raw.get("streams")] + [ph.get("streams") for ph in raw.get("phases") or []
+                                              if isinstance(ph, Mapping)]:
+            _shape_of_streams(listed, spath, where)
+        validate(MixtureEntry, raw, spath, where)  # types and keys; the values below are the file's own
         raw_phases = raw.get("phases")
         if raw_phases is not None:
             if raw.get("streams") is not None:
@@ -90,7 +135,7 @@ def load_mixtures(path: str | os.PathLike[str] | None = None,
             out[name] = Mixture(name=name, streams=_union(phases), phases=phases)
             continue
         out[name] = Mixture(name=name, streams=_streams(raw.get("streams") or [], spath, where, known_recipes),
-                            epoch_size=_positive(raw.get("epoch_size"), "epoch_size", spath, where))
+                            epoch_size=raw.get("epoch_size"))
     return out
 
 
@@ -106,12 +151,9 @@ def _phases(raw_phases: Any, spath: str, where: str, known_recipes: list[str] | 
         if not isinstance(pname, str) or not NAME_RE.match(pname) or pname in {p.name for p in phases}:
             raise ConfigError(f"phase name {pname!r} is invalid or duplicated", path=spath, entry=at,
                               fix="give each phase a unique lowercase name")
-        steps = _positive(raw.get("steps"), "steps", spath, at)
-        if steps is None:
-            raise ConfigError("has no steps", path=spath, entry=at, fix="write steps: 1000 (optimizer steps)")
-        phases.append(Phase(name=pname, steps=steps, streams=_streams(raw.get("streams") or [], spath, at, known_recipes),
-                            resolution=_positive(raw.get("resolution"), "resolution", spath, at),
-                            epoch_size=_positive(raw.get("epoch_size"), "epoch_size", spath, at)))
+        phases.append(Phase(name=pname, steps=raw["steps"],
+                            streams=_streams(raw.get("streams") or [], spath, at, known_recipes),
+                            resolution=raw.get("resolution"), epoch_size=raw.get("epoch_size")))
     return tuple(phases)
 
 
@@ -120,31 +162,25 @@ def _union(phases: tuple[Phase, ...]) -> tuple[StreamSpec, ...]:
     return tuple(StreamSpec(recipe=r) for r in dict.fromkeys(s.recipe for p in phases for s in p.streams))
 
 
-def _positive(value: Any, key: str, spath: str, where: str) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(f"{key}={value!r}: expected a positive integer", path=spath, entry=where,
-                          fix=f"write {key}: 1000, or leave it out")
-    return value
-
-
-def _streams(listed: Any, spath: str, where: str, known_recipes: list[str] | None) -> tuple[StreamSpec, ...]:
-    """Parse a list of streams, each a recipe with at most one of proportion, repeat or choose."""
+def _shape_of_streams(listed: Any, spath: str, where: str) -> None:
+    """A streams list written as names or as one name: said with the fix, before type checks."""
+    if listed is None:
+        return
     if not isinstance(listed, list):
         raise ConfigError(f"streams={listed!r}: expected a list of streams, got {type(listed).__name__}",
                           path=spath, entry=where, fix="write streams: [{recipe: <recipe>, proportion: 1}]")
-    streams = []
     for j, raw_s in enumerate(listed):
         if not isinstance(raw_s, Mapping):
             raise ConfigError(f"streams[{j}]={raw_s!r}: expected a mapping with a recipe and a weight, got "
                               f"{type(raw_s).__name__}", path=spath, entry=where,
                               fix=f"write {{recipe: {raw_s if isinstance(raw_s, str) else '<recipe>'}, "
                                   "proportion: 1}")
-        for k in ("proportion", "repeat", "choose"):
-            v = raw_s.get(k)
-            whole = k == "choose"
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int if whole else int | float) or v <= 0):
-                raise ConfigError(f"streams[{j}].{k}={v!r}: expected a positive {'integer' if whole else 'number'}",
-                                  path=spath, entry=where, fix=f"write {k}: {5000 if whole else 0.5}")
+
+
+def _streams(listed: Any, spath: str, where: str, known_recipes: list[str] | None) -> tuple[StreamSpec, ...]:
+    """Parse a list of streams, each a recipe with at most one of proportion, repeat or choose."""
+    streams = []
+    for raw_s in listed:
         recipe = raw_s.get("recipe")
         if known_recipes is not None and recipe not in known_recipes:
             raise ConfigError(f"stream names unknown recipe {recipe!r}; known recipes: {known_recipes}",
