@@ -43,8 +43,9 @@ from prx_assets.core.lab.schema import CAPTIONS_TABLE, IMAGES_TABLE, REJECTS_TAB
 from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
 from prx_assets.core.processes import sigterm_kept
-from prx_assets.defs.stuck_runs import HOST_TAG, PID_TAG
+from prx_assets.defs.keys import CURATED_SUBSETS, LANCE_TABLE, MDS_SHARDS, RAW_IMAGES, TRAINING_RUN
 from prx_assets.errors import PrxError
+from prx_assets.infra.stuck_runs import HOST_TAG, PID_TAG
 from prx_assets.resources.storage import ProjectConfigResource
 
 
@@ -121,7 +122,7 @@ def _models_config(check_paths: bool = True) -> Any:
 
 def register_partitions(instance: dg.DagsterInstance, reports: list[dict[str, Any]]) -> list[str]:
     """Register discovered batches and configured captioner ids, recipes and mixtures as partitions."""
-    from prx_assets.defs.partitions import missing_partitions
+    from prx_assets.infra.partitions import missing_partitions
 
     fresh = missing_partitions(instance, ProjectConfigResource(), (k for r in reports for k in r["all_batches"]))
     for name, keys in fresh.items():
@@ -225,13 +226,13 @@ def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | N
     ``skipped`` is given it receives ``{"asset[partition]": why}`` for each. ``orphans`` (from
     ``orphan_partitions``) spares listing them again when a run plans asset by asset. Partitions
     that read a parent partition whose blocking check failed are left out too (see
-    :mod:`prx_assets.defs.quarantine`), with ``held`` receiving why. ``pending``: dynamic partition
+    :mod:`prx_assets.infra.quarantine`), with ``held`` receiving why. ``pending``: dynamic partition
     keys not registered yet that count as if they were (a dry run registers nothing);
     ``read_only``: the fingerprint cache under the instance is read, not written.
     """
-    from prx_assets.defs.partitions import is_orphan, orphan_partitions
-    from prx_assets.defs.quarantine import held_back
-    from prx_assets.defs.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
+    from prx_assets.infra.partitions import is_orphan, orphan_partitions
+    from prx_assets.infra.quarantine import held_back
+    from prx_assets.infra.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
 
     order = keys if keys is not None else selected_keys(defs, select)
     root = _root()
@@ -313,9 +314,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from prx_assets.core.ingest.readahead import READAHEAD
     from prx_assets.core.stages.ingest import expect_batches
     from prx_assets.definitions import defs
-    from prx_assets.defs.ingest import RAW_IMAGES, discover_batches, ingest_resources
-    from prx_assets.defs.partitions import orphan_partitions
-    from prx_assets.defs.quarantine import failures_not_holding_back, reads_failed
+    from prx_assets.defs.ingest import discover_batches, ingest_resources
+    from prx_assets.defs.keys import RAW_IMAGES
+    from prx_assets.infra.partitions import orphan_partitions
+    from prx_assets.infra.quarantine import failures_not_holding_back, reads_failed
 
     if args.dry_run:
         return _dry_run(defs, args.select)
@@ -384,7 +386,7 @@ def _dry_run(defs: dg.Definitions, select: str | None) -> int:
     """``run --dry-run``: what ``run`` would materialize, writing nothing (no manifest, partition,
     run, cache or repair): the batches discovery would create count as registered."""
     from prx_assets.defs.ingest import discover_batches
-    from prx_assets.defs.partitions import missing_partitions, orphan_partitions
+    from prx_assets.infra.partitions import missing_partitions, orphan_partitions
 
     selected_keys(defs, select)
     reports = discover_batches(_root(), load_sources(), dry_run=True)
@@ -414,7 +416,7 @@ def _stuck_runs(instance: dg.DagsterInstance, repair: bool) -> None:
     """Say which runs will not end on their own; with ``repair``, end those with no live process
     (nothing is running them: marked failed). Runs whose processes are still alive are only named:
     stopping processes is ``prx-assets doctor --repair``'s to do."""
-    from prx_assets.defs.stuck_runs import end_run, stuck_runs
+    from prx_assets.infra.stuck_runs import end_run, stuck_runs
 
     for stuck in stuck_runs(instance):
         if repair and not stuck.evidence.alive():
@@ -448,7 +450,7 @@ def _report_held(held: dict[str, str]) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Find (``--repair``: fix) duplicates, orphan partitions, leaked folders, stale leases and stuck
     runs; with ``--verify`` also scrub the lab and every shard set against their digests."""
-    from prx_assets.defs.doctor import doctor
+    from prx_assets.infra.doctor import doctor
 
     instance, root = _instance(), _root()
     findings = doctor(instance, root, repair=args.repair, older_than_hours=args.older_than_hours,
@@ -468,15 +470,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _verify(instance: dg.DagsterInstance, root: DataRoot, repair: bool) -> list[Any]:
-    """``doctor --verify``: the scrubs of :mod:`prx_assets.defs.verify`, then (repairing) the batches
+    """``doctor --verify``: the scrubs of :mod:`prx_assets.infra.verify`, then (repairing) the batches
     and shard sets taken out of use materialized again, in-process. Returns what is left unrepaired."""
     from prx_assets.definitions import defs
-    from prx_assets.defs.staleness import latest_data_version
-    from prx_assets.defs.verify import verify
+    from prx_assets.infra.staleness import latest_data_version
+    from prx_assets.infra.verify import verify
 
     recipes = instance.get_dynamic_partitions("recipes")
-    current = {r: v for r in recipes if (v := latest_data_version(instance, "mds_shards", r))}
-    subsets = {r: v for r in recipes if (v := latest_data_version(instance, "curated_subsets", r))}
+    current = {r: v for r in recipes if (v := latest_data_version(instance, MDS_SHARDS, r))}
+    subsets = {r: v for r in recipes if (v := latest_data_version(instance, CURATED_SUBSETS, r))}
     found = verify(root, current, subsets, repair)
     left = []
     for kind, where, detail, repaired in found.lines:
@@ -484,10 +486,10 @@ def _verify(instance: dg.DagsterInstance, root: DataRoot, repair: bool) -> list[
         if not repaired:
             left.append(where)
     job = defs.resolve_implicit_global_asset_job_def()
-    again = [(dg.AssetKey("raw_images"), b) for b in sorted(found.batches)] + \
-        ([(dg.AssetKey("lance_table"), None)] if found.batches else []) + \
-        [(dg.AssetKey("curated_subsets"), r) for r in sorted(found.subsets)] + \
-        [(dg.AssetKey("mds_shards"), r) for r in sorted(found.recipes)]
+    again = [(RAW_IMAGES, b) for b in sorted(found.batches)] + \
+        ([(LANCE_TABLE, None)] if found.batches else []) + \
+        [(CURATED_SUBSETS, r) for r in sorted(found.subsets)] + \
+        [(MDS_SHARDS, r) for r in sorted(found.recipes)]
     for n, (key, pk) in enumerate(again, 1):
         if _execute(job, instance, key, pk, "CRITICAL", f"[repair {n}/{len(again)}]"):
             left.append(f"{key.to_user_string()}[{pk}]")
@@ -498,7 +500,7 @@ def _verify(instance: dg.DagsterInstance, root: DataRoot, repair: bool) -> list[
 
 def cmd_partitions(args: argparse.Namespace) -> int:
     """List registered dynamic partitions and the orphans among them; ``--prune`` removes orphans."""
-    from prx_assets.defs.partitions import orphan_partitions
+    from prx_assets.infra.partitions import orphan_partitions
 
     instance = _instance()
     orphans = orphan_partitions(instance, ProjectConfigResource(), _root())
@@ -620,7 +622,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     instance = _instance()
     root = _root()
-    materialized = set(instance.get_materialized_partitions(dg.AssetKey("raw_images")))
+    materialized = set(instance.get_materialized_partitions(RAW_IMAGES))
     sources = []
     for src in load_sources().sources:
         manifests = load_manifests(root, src.name)
@@ -743,9 +745,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def _print_training(instance: dg.DagsterInstance) -> None:
     """Where the latest training runs ran (SLURM or local subprocess) and what they reported."""
-    from prx_assets.defs.staleness import latest_materialization
+    from prx_assets.infra.staleness import latest_materialization
 
-    key = dg.AssetKey("training_run")
+    key = TRAINING_RUN
     for pk in instance.get_dynamic_partitions("mixtures"):
         mat = latest_materialization(instance, key, pk)
         if mat is None:
@@ -818,7 +820,7 @@ def cmd_optout(args: argparse.Namespace) -> int:
     from prx_assets.core.curate.optout import new_request, read_lines, record
     from prx_assets.core.curate.subsets import read_subset_table
     from prx_assets.core.lab.sql import chunks, where_in
-    from prx_assets.defs.staleness import latest_data_version
+    from prx_assets.infra.staleness import latest_data_version
 
     if not args.ids and not args.uris:
         raise PrxError("pass --ids FILE (lab image ids) or --uris FILE (source URIs), one per line")
@@ -842,7 +844,7 @@ def cmd_optout(args: argparse.Namespace) -> int:
     instance = _instance()
     wanted = pa.array(sorted(found), pa.string())
     for recipe in sorted(instance.get_dynamic_partitions("recipes")):
-        sid = latest_data_version(instance, "curated_subsets", recipe)
+        sid = latest_data_version(instance, CURATED_SUBSETS, recipe)
         if not sid:
             continue
         try:

@@ -18,8 +18,18 @@ from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lineage import mixture_lineage, read_mixture_spec, read_shard_set, shard_set_lineage
 from prx_assets.core.manifests import ManifestError, ShardSetManifest
 from prx_assets.core.publish.shards import read_shard_set_manifest
-from prx_assets.defs.staleness import latest_materialization as _latest
+from prx_assets.defs.keys import (
+    CURATED_SUBSETS,
+    IMAGE_EMBEDDINGS,
+    LANCE_TABLE,
+    MDS_SHARDS,
+    RAW_IMAGES,
+    RECAPTIONS,
+    TRAINING_MIXTURE,
+    TRAINING_RUN,
+)
 from prx_assets.errors import PrxError
+from prx_assets.infra.staleness import latest_materialization as _latest
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _TRAINING = re.compile(r"^training_run(?:\[(?P<p>[^\]]+)\]|:(?P<q>.+))?$")
@@ -33,9 +43,9 @@ def _code_version(mat: dg.AssetMaterialization | None) -> str | None:
     return None if mat is None else mat.tags.get("dagster/code_version")
 
 
-def _mat_with_version(instance: dg.DagsterInstance, key: str, partition: str | None,
+def _mat_with_version(instance: dg.DagsterInstance, key: dg.AssetKey | str, partition: str | None,
                       version: str) -> dg.AssetMaterialization | None:
-    filt = dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[partition] if partition else None)
+    filt = dg.AssetRecordsFilter(asset_key=dg.AssetKey.from_coercible(key), asset_partitions=[partition] if partition else None)
     for rec in instance.fetch_materializations(filt, limit=200).records:
         mat = rec.asset_materialization
         if mat is not None and mat.tags.get("dagster/data_version") == version:
@@ -50,15 +60,15 @@ def _enrich_shard_set(instance: dg.DagsterInstance, ss: dict[str, Any]) -> dict[
 
     batches = sorted({b for info in ss["sources"].values() for b in info["batches"]})
     versions: dict[str, Any] = {
-        "mds_shards": _code_version(_mat_with_version(instance, "mds_shards", ss["recipe"], ss["shard_set_id"])),
-        "curated_subsets": _code_version(_mat_with_version(instance, "curated_subsets", ss["recipe"],
+        "mds_shards": _code_version(_mat_with_version(instance, MDS_SHARDS, ss["recipe"], ss["shard_set_id"])),
+        "curated_subsets": _code_version(_mat_with_version(instance, CURATED_SUBSETS, ss["recipe"],
                                                            ss["subset"]["subset_id"])),
-        "lance_table": _code_version(_mat_with_version(instance, "lance_table", None, str(ss["lance"]["version"]))),
-        "raw_images": sorted({v for b in batches if (v := _code_version(_latest(instance, "raw_images", b)))}),
-        "image_embeddings": sorted({v for b in batches if (v := _code_version(_latest(instance, "image_embeddings",
+        "lance_table": _code_version(_mat_with_version(instance, LANCE_TABLE, None, str(ss["lance"]["version"]))),
+        "raw_images": sorted({v for b in batches if (v := _code_version(_latest(instance, RAW_IMAGES, b)))}),
+        "image_embeddings": sorted({v for b in batches if (v := _code_version(_latest(instance, IMAGE_EMBEDDINGS,
                                                                                       b)))}),
         "recaptions": sorted({v for b in batches for c in ss["captioner_ids"]
-                              if (v := _code_version(_latest(instance, "recaptions", f"{b}|{c}")))}),
+                              if (v := _code_version(_latest(instance, RECAPTIONS, f"{b}|{c}")))}),
     }
     ss["asset_code_versions"] = {k: v for k, v in versions.items() if v}
     try:
@@ -93,7 +103,7 @@ def _training_mat(instance: dg.DagsterInstance, target: str) -> tuple[dg.AssetMa
         for ev in instance.all_logs(target):
             if ev.dagster_event and ev.dagster_event.is_step_materialization:
                 mat = ev.dagster_event.step_materialization_data.materialization
-                if mat.asset_key == dg.AssetKey("training_run"):
+                if mat.asset_key == TRAINING_RUN:
                     return mat, target
         raise LineageError(f"run {target} has no training_run materialization; pass the run id of a successful "
                            "training run, or a shard set id")
@@ -111,7 +121,7 @@ def _training_mat(instance: dg.DagsterInstance, target: str) -> tuple[dg.AssetMa
         raise LineageError(f"unknown mixture {partition!r}; known mixtures: {', '.join(mixtures) or 'none yet'} "
                            "(mixtures.yaml names them; `prx-assets discover` registers them)")
     rec = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("training_run"), asset_partitions=[partition]), limit=1).records
+        dg.AssetRecordsFilter(asset_key=TRAINING_RUN, asset_partitions=[partition]), limit=1).records
     if not rec or rec[0].asset_materialization is None:
         raise LineageError(f"training_run[{partition}] has not been materialized yet")
     return rec[0].asset_materialization, rec[0].run_id
@@ -127,7 +137,7 @@ def lineage_for(instance: dg.DagsterInstance, root: DataRoot, target: str) -> di
         mixture = mixture_lineage(root, spec)
         for s in mixture["streams"]:
             _enrich_shard_set(instance, s["shard_set"])
-        mixture_mat = _mat_with_version(instance, "training_mixture", spec.name, spec.mixture_version)
+        mixture_mat = _mat_with_version(instance, TRAINING_MIXTURE, spec.name, spec.mixture_version)
         mixture["code_version"] = _code_version(mixture_mat)
         training = {k: md.get(k) for k in ("job_mode", "job_id", "steps", "loss_first", "loss_last",
                                            "samples_per_second", "mode", "text_encoder", "checkpoint")}

@@ -1,7 +1,7 @@
 """Runs pipeline-stage partitions inside a SLURM (or local) job and reports through Pipes.
 
 ``python -m prx_assets.stage_job image_embeddings photos-00000 photos-00001 --resources JSON``;
-started by :func:`prx_assets.defs.remote.run_stages`, never by hand. The partitions run one after
+started by :func:`prx_assets.infra.remote.run_stages`, never by hand. The partitions run one after
 another in this process, so a model loads once per job; each reports its own result. A job
 imports ``dagster_pipes`` and the stage's module under :mod:`prx_assets.core.stages`, never
 Dagster itself.

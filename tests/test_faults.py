@@ -24,7 +24,7 @@ import pytest
 
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.faults import CRASH_POINTS
-from prx_assets.defs.doctor import check_duplicates
+from prx_assets.infra.doctor import check_duplicates
 from tests.helpers import write_folder_corpus
 
 REPO = Path(__file__).parents[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.defs.doctor import doctor
+from prx_assets.infra.doctor import doctor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_doctor_finds_runs_of_any_launcher_that_will_not_end(tmp_path: Path, mod
     and ends each run. A run that is working is left alone."""
     import psutil
 
-    from prx_assets.defs.stuck_runs import stuck_runs
+    from prx_assets.infra.stuck_runs import stuck_runs
 
     root = DataRoot(str(tmp_path / "root"))
     home = tmp_path / "home"

@@ -199,7 +199,7 @@ def test_backfill_over_several_partitions_from_the_ui_completes(ui: dict) -> Non
             rec = instance.get_latest_data_version_record(dg.AssetKey("image_embeddings"), partition_key=b)
             assert rec is not None, b
         # Each batch keeps its own fingerprint, so `prx-assets run` sees them up to date.
-        from prx_assets.defs.staleness import recorded_fingerprints
+        from prx_assets.infra.staleness import recorded_fingerprints
 
         fps = recorded_fingerprints(instance, dg.AssetKey("image_embeddings"))
         assert all(fps.get(b) for b in batches) and len({fps[b] for b in batches}) == len(batches)

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from PIL import Image, ImageDraw
 
-from prx_assets.defs.stuck_runs import gather
+from prx_assets.infra.stuck_runs import gather
 from tests.helpers import dagster_dev, graphql, wait_for
 
 REPO = Path(__file__).parents[1]

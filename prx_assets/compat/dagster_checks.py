@@ -1,7 +1,7 @@
 """Dagster: the latest state of a partitioned asset check, per partition.
 
 ``prx-assets run`` holds a partition back while a parent partition's blocking check failed
-(:mod:`prx_assets.defs.quarantine`). Dagster 1.13 answers "latest execution per partition" only
+(:mod:`prx_assets.infra.quarantine`). Dagster 1.13 answers "latest execution per partition" only
 through its event-log storage, whose status enum and partition filter live in ``dagster._core``
 (the public ``EventRecordsFilter`` reads the whole history instead); partitioned checks are
 still being made public (dagster-io/dagster#17005, open).

@@ -9,7 +9,7 @@ import pytest
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from prx_assets.core.config.storage import DataRoot
-from prx_assets.defs.staleness import FINGERPRINT_KEY, FingerprintContext, recorded_fingerprints
+from prx_assets.infra.staleness import FINGERPRINT_KEY, FingerprintContext, recorded_fingerprints
 
 KEY = dg.AssetKey("raw_images")
 
@@ -71,7 +71,7 @@ def test_registering_keys_another_process_just_added_is_not_an_error(tmp_path: P
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs (or a run and the sensor) register the same new batches at once: the loser of the
     unique-key race registers what is still missing instead of failing."""
-    import prx_assets.defs.partitions as partitions
+    import prx_assets.infra.partitions as partitions
     from prx_assets.cli import register_partitions
 
     (tmp_path / "home").mkdir()
@@ -97,6 +97,6 @@ def test_the_data_version_tag_is_dagsters() -> None:
     release that renames it fails here, not in the planner."""
     from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
-    from prx_assets.defs import staleness
+    from prx_assets.infra import staleness
 
     assert staleness.DATA_VERSION_TAG == DATA_VERSION_TAG

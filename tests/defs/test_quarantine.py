@@ -9,7 +9,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from prx_assets.definitions import defs
-from prx_assets.defs.quarantine import failures_not_holding_back, held_back
+from prx_assets.infra.quarantine import failures_not_holding_back, held_back
 
 RAW, SHARDS = dg.AssetKey("raw_images"), dg.AssetKey("mds_shards")
 

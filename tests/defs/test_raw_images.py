@@ -10,8 +10,8 @@ import pytest
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.definitions import defs
 from prx_assets.defs.ingest import ingest_job, jpeg_q92_cycles, raw_batch_sensor, raw_images
-from prx_assets.defs.partitions import raw_batches
-from prx_assets.defs.staleness import FINGERPRINT_KEY
+from prx_assets.infra.partitions import raw_batches
+from prx_assets.infra.staleness import FINGERPRINT_KEY
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 from tests.helpers import write_folder_corpus, write_sources_yaml
 

@@ -13,7 +13,7 @@ import pytest
 
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.lab.table import table_uri
-from prx_assets.defs.doctor import HOST_TAG, PID_TAG, doctor
+from prx_assets.infra.doctor import HOST_TAG, PID_TAG, doctor
 from tests.unit.test_lab import build
 
 

@@ -12,7 +12,7 @@ from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.curate.kept_state import delete_stale, stale_kept
 from prx_assets.core.curate.recipes import Dedup, Recipe
-from prx_assets.defs.doctor import check_kept_state
+from prx_assets.infra.doctor import check_kept_state
 from prx_assets.resources.storage import ProjectConfigResource
 from tests.unit.test_kept_digests import CAPTION, NO_CAPTIONS, RECIPE, _cut, _lab, _same
 

@@ -15,7 +15,7 @@ from prx_assets.core.enrich.enrichment import Decoding, enrich_batch
 from prx_assets.core.lab.schema import CAPTIONS_SCHEMA, CAPTIONS_TABLE
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.leases import Lease, LeaseBusy, LeaseLost, list_leases, read_holder
-from prx_assets.defs.doctor import check_leases
+from prx_assets.infra.doctor import check_leases
 from tests.unit.test_enrichment import PAYLOAD, batch  # noqa: F401 (fixture)
 
 

@@ -36,7 +36,7 @@ def test_every_module_the_layout_names_exists() -> None:
             candidates = [top / f"{mod}.py", pkg / f"{mod}.py", pkg / "core" / f"{mod}.py"]
             if current is not None:
                 candidates.append(current / f"{mod}.py")
-            candidates += list(pkg.glob(f"*/{mod}.py"))
+            candidates += list(pkg.glob(f"*/{mod}.py")) + list(pkg.glob(f"*/*/{mod}.py"))
             assert any(c.is_file() for c in candidates), f"README names {mod}.py, which is not in prx_assets/"
             named += 1
     assert named > 30

@@ -7,7 +7,7 @@ import re
 from PIL import Image
 
 from prx_assets.core.visuals import bar_chart, contact_sheet, line_chart, md_image
-from prx_assets.defs.visual_metadata import resolution_bins
+from prx_assets.infra.pictures import resolution_bins
 from tests.helpers import encode, photo
 
 
@@ -42,7 +42,7 @@ def test_resolution_bins_are_ordered_and_complete() -> None:
 
 
 def test_aspect_buckets_are_ordered_by_ratio_not_text() -> None:
-    from prx_assets.defs.visual_metadata import by_aspect
+    from prx_assets.infra.pictures import by_aspect
 
     got = by_aspect({"16:9": 1, "1:1": 2, "3:4": 3, "9:16": 4, "4:3": 5, "other": 6})
     assert list(got) == ["9:16", "3:4", "1:1", "4:3", "16:9", "other"]

@@ -3,7 +3,7 @@
 
 ``STAGES`` is the one table of them; a job imports only the module of the stage it runs
 (:func:`load_stage`), so an ingest job never imports model code. The Dagster layer
-(:mod:`prx_assets.defs.remote`) runs a stage in-process or submits it as a SLURM job running
+(:mod:`prx_assets.infra.remote`) runs a stage in-process or submits it as a SLURM job running
 :mod:`prx_assets.stage_job`; either way the same function runs with the same settings.
 """
 

@@ -1,18 +1,16 @@
 """lance_table (the lab) and the lance_maintenance job."""
 
-from datetime import timedelta
-
 import dagster as dg
 from pydantic import Field
 
-from prx_assets.core.lab.maintenance import lance_tables, maintain, table_health
 from prx_assets.core.lab.schema import IMAGES_TABLE
 from prx_assets.core.lab.sync import PUBLISHED_TAG, sync_lab
 from prx_assets.core.lab.table import table_uri
 from prx_assets.core.models.config import ModelsConfig
 from prx_assets.defs.enrichment import image_embeddings, recaptions
 from prx_assets.defs.ingest import raw_images
-from prx_assets.defs.staleness import (
+from prx_assets.defs.keys import LANCE_TABLE, group
+from prx_assets.infra.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
     data_changed_since,
@@ -24,6 +22,8 @@ from prx_assets.defs.staleness import (
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 LAB_CODE_VERSION = "lab-1"
+
+
 #: Dagster concurrency pool of the lab's writers (lab sync, maintenance). The instance's
 #: ``concurrency.pools`` (dagster.yaml: ``default_limit: 1``, ``granularity: run``) queues
 #: UI-launched runs that use it one at a time; the lab lease covers every other writer.
@@ -32,6 +32,8 @@ LAB_POOL = "prx_lab"
 
 #: The assets the lab reads; its inputs change when one of their partitions gets a new data version.
 LAB_INPUTS = ("raw_images", "recaptions", "image_embeddings")
+
+
 #: Metadata key: storage id of each input's latest materialization when the lab last synced.
 CURSOR_KEY = "prx/input_cursor"
 
@@ -47,7 +49,7 @@ def lab_fingerprint_of(models: ModelsConfig | None, inputs_changed: bool) -> str
 def lab_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """The fingerprint a run now would record: stale when an input partition got a new data version
     since the last sync (re-materializing one with the same content is no change)."""
-    mat = latest_materialization(ctx.instance, "lance_table", None)
+    mat = latest_materialization(ctx.instance, LANCE_TABLE, None)
     cursor = mat.metadata.get(CURSOR_KEY) if mat is not None else None
     if ctx.instance is None or cursor is None or not isinstance(cursor.value, dict):
         return lab_fingerprint_of(ctx.models, inputs_changed=True)
@@ -55,7 +57,7 @@ def lab_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     return lab_fingerprint_of(ctx.models, inputs_changed=changed)
 
 
-register_fingerprint("lance_table", lab_fingerprint)
+register_fingerprint(LANCE_TABLE, lab_fingerprint)
 
 
 def _md(mat: dg.AssetMaterialization, key: str) -> object:
@@ -73,7 +75,7 @@ class LabConfig(dg.Config):
 
 @dg.asset(
     deps=[raw_images, recaptions, image_embeddings],
-    group_name="lab",
+    group_name=group(LANCE_TABLE),
     kinds={"lance"},
     code_version=LAB_CODE_VERSION,
     owners=["team:data"],
@@ -102,7 +104,7 @@ def lance_table(context: dg.AssetExecutionContext, config: LabConfig, storage: S
         ["| index | type | columns | indexed | unindexed |", "|---|---|---|---|---|"] +
         [f"| {ix['name']} | {ix['type']} | {', '.join(ix['columns'])} | {ix['indexed_rows']} | "
          f"{ix['unindexed_rows']} |" for ix in res.indexes])
-    previous = latest_materialization(context.instance, "lance_table", None)
+    previous = latest_materialization(context.instance, LANCE_TABLE, None)
     same_content = previous is not None and not res.columns_added and not any(res.rows_updated.values()) \
         and res.input_version == _md(previous, "lance_version")
     version = previous.tags.get("dagster/data_version", "") if same_content and previous else str(res.version)
@@ -128,57 +130,3 @@ def lance_table(context: dg.AssetExecutionContext, config: LabConfig, storage: S
             FINGERPRINT_KEY: dg.MetadataValue.text(lab_fingerprint_of(models, inputs_changed=False)),
         },
     )
-
-
-class MaintenanceConfig(dg.Config):
-    """What lance_maintenance keeps."""
-
-    keep_days: float = Field(default=7.0, description="Untagged versions older than this are removed.")
-    target_rows_per_fragment: int = Field(default=1024 * 1024, description="Compaction target.")
-
-
-@dg.op(pool=LAB_POOL)
-def compact_and_clean(context: dg.OpExecutionContext, config: MaintenanceConfig,
-                      storage: StorageResource) -> list[dict]:
-    """Compact small fragments, optimize indexes and clean up old untagged versions of every table."""
-    reports = maintain(storage.root(), config.target_rows_per_fragment, timedelta(days=config.keep_days))
-    rows = [r.to_dict() for r in reports]
-    for r in rows:
-        context.log.info(f"{r['table']}: fragments {r['fragments_before']} -> {r['fragments_after']}, "
-                         f"{r['versions_removed']} versions and {r['bytes_removed']} bytes removed")
-        if r["encodings_applied"]:
-            context.log.info(f"{r['table']}: column encodings set {r['encodings_applied']} (new writes follow them)")
-    context.add_output_metadata({
-        "tables": dg.MetadataValue.json(rows),
-        "fragments_removed": sum(r["fragments_removed"] for r in rows),
-        "bytes_removed": sum(r["bytes_removed"] for r in rows),
-    })
-    return rows
-
-
-@dg.job(description="Compact, optimize indexes and clean up old versions of the Lance tables.")
-def lance_maintenance() -> None:
-    """Maintenance job (scheduled nightly; the schedule is off by default)."""
-    compact_and_clean()
-
-
-@dg.sensor(job=lance_maintenance, minimum_interval_seconds=600, default_status=dg.DefaultSensorStatus.STOPPED)
-def lance_maintenance_sensor(context: dg.SensorEvaluationContext, storage: StorageResource) -> dg.SensorResult:
-    """Keep every Lance table within bounds: request lance_maintenance when one has more than
-    ``MAX_FRAGMENTS`` fragments to compact (small or with many deletions), more than ``MAX_UNINDEXED_SHARE`` of its rows outside an index or an
-    index of more than ``MAX_SEGMENTS`` segments (lab syncs fold new rows as delta segments; reads
-    manifests only; one request per table version)."""
-    root = storage.root()
-    reasons = [why for h in (table_health(root, n) for n in lance_tables(root))
-               if h is not None and (why := h.needs_maintenance()) is not None]
-    if not reasons:
-        return dg.SensorResult(skip_reason="every table within bounds")
-    key = digest(*sorted(reasons))
-    context.log.info("; ".join(reasons))
-    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"maintenance:{key}",
-                                                       tags={"prx/maintenance_reasons": "; ".join(reasons)[:1000]})])
-
-
-lance_maintenance_schedule = dg.ScheduleDefinition(
-    job=lance_maintenance, cron_schedule="0 3 * * *", default_status=dg.DefaultScheduleStatus.STOPPED,
-    description="Nightly Lance maintenance (turn on in Automation).")

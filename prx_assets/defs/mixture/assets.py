@@ -1,6 +1,5 @@
 """training_mixture: streams and proportions over the current shard sets, one partition per mixture."""
 
-
 import dagster as dg
 
 from prx_assets.core import layout
@@ -8,9 +7,10 @@ from prx_assets.core.faults import crash_point
 from prx_assets.core.manifests import MixtureSpec, ShardSetManifest
 from prx_assets.core.publish.mixture import resolve
 from prx_assets.core.publish.shards import read_shard_set_manifest
-from prx_assets.defs.partitions import mixture_partitions
+from prx_assets.defs.keys import MDS_SHARDS, TRAINING_MIXTURE, group
 from prx_assets.defs.shards import mds_shards
-from prx_assets.defs.staleness import (
+from prx_assets.infra.partitions import mixture_partitions
+from prx_assets.infra.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
     digest,
@@ -23,7 +23,7 @@ MIXTURE_CODE_VERSION = "mixture-1"
 
 
 def _current_shard_set(instance: dg.DagsterInstance, recipe: str) -> str:
-    version = latest_data_version(instance, "mds_shards", recipe)
+    version = latest_data_version(instance, MDS_SHARDS, recipe)
     if not version:
         raise dg.Failure(f"recipe {recipe!r} has no published shard set; materialize mds_shards[{recipe}] first")
     return version
@@ -32,11 +32,11 @@ def _current_shard_set(instance: dg.DagsterInstance, recipe: str) -> str:
 def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     """Code version + the mixture's streams + their current shard set ids."""
     mix = ctx.config().mixtures()[partition_key or ""]
-    ids = [ctx.data_version("mds_shards", s.recipe) for s in mix.streams]
+    ids = [ctx.data_version(MDS_SHARDS, s.recipe) for s in mix.streams]
     return digest(MIXTURE_CODE_VERSION, repr(mix), ids)
 
 
-register_fingerprint("training_mixture", mixture_fingerprint)
+register_fingerprint(TRAINING_MIXTURE, mixture_fingerprint)
 
 
 def streams_table(spec: MixtureSpec) -> str:
@@ -55,7 +55,7 @@ def streams_table(spec: MixtureSpec) -> str:
 @dg.asset(
     partitions_def=mixture_partitions,
     deps=[dg.AssetDep(mds_shards, partition_mapping=dg.AllPartitionMapping())],
-    group_name="training",
+    group_name=group(TRAINING_MIXTURE),
     kinds={"mosaicml", "json"},
     code_version=MIXTURE_CODE_VERSION,
     owners=["team:training"],

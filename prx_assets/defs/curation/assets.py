@@ -13,16 +13,17 @@ from prx_assets.core.curate.selection import select
 from prx_assets.core.curate.subsets import write_subset
 from prx_assets.core.lab.query import open_lab
 from prx_assets.core.lab.sync import PUBLISHED_TAG, embedding_column
+from prx_assets.defs.keys import CURATED_SUBSETS, group
 from prx_assets.defs.lab import lance_table
-from prx_assets.defs.partitions import recipe_partitions
-from prx_assets.defs.staleness import (
+from prx_assets.infra.partitions import recipe_partitions
+from prx_assets.infra.pictures import subset_pictures
+from prx_assets.infra.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
     digest,
     latest_data_version,
     register_fingerprint,
 )
-from prx_assets.defs.visual_metadata import subset_pictures
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 #: curation-2: embedding dedup above the exact method's size files rows with a kept model (see
@@ -47,7 +48,7 @@ def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> s
                                   registry_version(load_requests(ctx.root)))
 
 
-register_fingerprint("curated_subsets", curated_fingerprint)
+register_fingerprint(CURATED_SUBSETS, curated_fingerprint)
 
 
 class CurationConfig(dg.Config):
@@ -60,7 +61,7 @@ class CurationConfig(dg.Config):
 @dg.asset(
     partitions_def=recipe_partitions,
     deps=[lance_table],
-    group_name="curation",
+    group_name=group(CURATED_SUBSETS),
     kinds={"lance", "python"},
     code_version=CURATION_CODE_VERSION,
     owners=["team:data"],

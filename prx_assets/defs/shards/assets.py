@@ -1,6 +1,5 @@
 """mds_shards: one immutable MDS shard set per recipe, verified by reading it back."""
 
-
 import json
 
 import dagster as dg
@@ -12,18 +11,18 @@ from prx_assets.core.curate.recipes import Recipe
 from prx_assets.core.curate.subsets import read_subset_manifest, read_subset_table
 from prx_assets.core.lab.sql import open_pinned
 from prx_assets.core.manifests import ManifestError, ShardSetManifest
-from prx_assets.core.publish.integrity import check_shard_set
 from prx_assets.core.publish.shards import (
     LAB_CACHE_BYTES,
     SHARDS_CODE_VERSION,
     ShardSettings,
     read_shard_set_manifest,
-    verify_shard_set,
     write_shard_set,
 )
 from prx_assets.defs.curation import curated_subsets
-from prx_assets.defs.partitions import recipe_partitions
-from prx_assets.defs.staleness import (
+from prx_assets.defs.keys import CURATED_SUBSETS, MDS_SHARDS, group
+from prx_assets.infra.partitions import recipe_partitions
+from prx_assets.infra.pictures import shard_set_pictures
+from prx_assets.infra.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
     digest,
@@ -31,7 +30,6 @@ from prx_assets.defs.staleness import (
     previous_data_version,
     register_fingerprint,
 )
-from prx_assets.defs.visual_metadata import shard_set_pictures
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 
@@ -67,14 +65,14 @@ def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> st
     recipes = ctx.cache.get("recipes")
     if recipes is None:
         recipes = ctx.cache["recipes"] = ctx.config().recipes()
-    return shards_fingerprint_of(ctx.data_version("curated_subsets", partition_key), recipes.get(partition_key or ""))
+    return shards_fingerprint_of(ctx.data_version(CURATED_SUBSETS, partition_key), recipes.get(partition_key or ""))
 
 
-register_fingerprint("mds_shards", shards_fingerprint)
+register_fingerprint(MDS_SHARDS, shards_fingerprint)
 
 
 def _subset_of(context: dg.AssetExecutionContext) -> str:
-    version = latest_data_version(context.instance, "curated_subsets", context.partition_key)
+    version = latest_data_version(context.instance, CURATED_SUBSETS, context.partition_key)
     if not version:
         raise dg.Failure(f"curated_subsets has no materialization for recipe {context.partition_key!r}; "
                          "materialize it first")
@@ -83,7 +81,7 @@ def _subset_of(context: dg.AssetExecutionContext) -> str:
 
 def _published(context: dg.AssetExecutionContext, root: DataRoot) -> ShardSetManifest | None:
     """The recipe's currently published set (the base of a delta), if it is still readable."""
-    set_id = latest_data_version(context.instance, "mds_shards", context.partition_key)
+    set_id = latest_data_version(context.instance, MDS_SHARDS, context.partition_key)
     if not set_id:
         return None
     try:
@@ -96,7 +94,7 @@ def _published(context: dg.AssetExecutionContext, root: DataRoot) -> ShardSetMan
 @dg.asset(
     partitions_def=recipe_partitions,
     deps=[curated_subsets],
-    group_name="curation",
+    group_name=group(MDS_SHARDS),
     kinds={"mosaicml", "python"},
     code_version=SHARDS_CODE_VERSION,
     owners=["team:data"],
@@ -162,32 +160,4 @@ def mds_shards(context: dg.AssetExecutionContext, config: ShardConfig, storage: 
             **shard_set_pictures(manifest),
             FINGERPRINT_KEY: dg.MetadataValue.text(shards_fingerprint_of(sid, recipe)),
         },
-    )
-
-
-@dg.asset_check(asset=mds_shards, partitions_def=recipe_partitions, blocking=True)
-def mds_readback(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-    """Hashes every shard file of every stream the set reads (its own and the base streams a delta
-    reuses) against MDS's recorded hashes, then reads the set back with StreamingDataset: sample
-    count and a sample of images byte-identical to the pinned Lance version."""
-    set_id = latest_data_version(context.instance, "mds_shards", context.partition_key)
-    if not set_id:
-        return dg.AssetCheckResult(passed=False, description="mds_shards has no materialization")
-    root = storage.root()
-    manifest = read_shard_set_manifest(root, context.partition_key, set_id)
-    checks = check_shard_set(manifest)  # every shard of every stream it reads, reused base streams included
-    corrupt = [c for check in checks for c in check.corrupt]
-    lab = open_pinned(manifest, root.storage_options())
-    v = verify_shard_set(manifest, lab) if not corrupt else None
-    problems = [f"{len(corrupt)} corrupt shard files: {', '.join(corrupt[:3])}; run `prx-assets doctor --verify`"] \
-        if corrupt else ([] if v is None or v.passed else
-                         [f"{v.samples}/{v.expected} samples, mismatched {v.mismatched[:5]}"])
-    return dg.AssetCheckResult(
-        passed=not problems,
-        description="; ".join(problems) or None,
-        metadata={"streams": len(checks), "shards_hashed": sum(c.shards for c in checks),
-                  "bytes_hashed": sum(c.bytes for c in checks), "corrupt_shards": dg.MetadataValue.json(corrupt),
-                  "samples": v.samples if v else 0, "expected": manifest.samples,
-                  "checked_images": v.checked if v else 0,
-                  "mismatched": dg.MetadataValue.json(v.mismatched if v else [])},
     )

@@ -9,7 +9,7 @@
   temporary folder, older than ``older_than``: ``repair`` deletes them;
 - Dagster runs of any launcher that will not end on their own (their processes gone, CANCELING
   or finished-but-open with no event for ``quiet_minutes``, NOT_STARTED since; see
-  :mod:`prx_assets.defs.stuck_runs`): ``repair`` ends their processes and marks them CANCELED or
+  :mod:`prx_assets.infra.stuck_runs`): ``repair`` ends their processes and marks them CANCELED or
   FAILURE;
 - stale writer leases (see :mod:`prx_assets.core.leases`: the holder's process is gone or it
   stopped beating): ``repair`` frees them (a later writer would take them over anyway);
@@ -44,9 +44,9 @@ from prx_assets.core.lab.sync import embedding_column
 from prx_assets.core.lab.table import open_table
 from prx_assets.core.leases import list_leases, remove_generation
 from prx_assets.core.scratch import dead_owner, release
-from prx_assets.defs.partitions import orphan_partitions
-from prx_assets.defs.stuck_runs import HOST_TAG, PID_TAG, QUIET_MINUTES, end_run, stuck_runs
 from prx_assets.errors import ConfigError
+from prx_assets.infra.partitions import orphan_partitions
+from prx_assets.infra.stuck_runs import HOST_TAG, PID_TAG, QUIET_MINUTES, end_run, stuck_runs
 from prx_assets.resources.storage import ProjectConfigResource
 
 __all__ = ["HOST_TAG", "PID_TAG", "Finding", "doctor"]
@@ -171,7 +171,7 @@ def check_leaked_folders(root: DataRoot, older_than_hours: float, repair: bool) 
 
 def check_stuck_runs(instance: dg.DagsterInstance, repair: bool,
                      quiet_minutes: float = QUIET_MINUTES) -> list[Finding]:
-    """Runs of any launcher that will not end on their own (see :mod:`prx_assets.defs.stuck_runs`);
+    """Runs of any launcher that will not end on their own (see :mod:`prx_assets.infra.stuck_runs`);
     ``repair`` ends their processes and marks them CANCELED or FAILURE."""
     out = []
     for stuck in stuck_runs(instance, quiet_minutes):

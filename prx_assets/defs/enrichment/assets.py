@@ -4,16 +4,16 @@ from typing import Any
 
 import dagster as dg
 
-from prx_assets.core.enrich.caption_quality import assess
 from prx_assets.core.enrich.enrichment import EnrichResult
 from prx_assets.core.lab.schema import CAPTIONS_TABLE, embeddings_table
-from prx_assets.core.lab.sql import where_all, where_eq
 from prx_assets.core.lab.table import open_table, table_uri
 from prx_assets.core.stages.enrich import split_recaption_key as stage_key_parts
 from prx_assets.defs.ingest import raw_images
-from prx_assets.defs.partitions import captioner_partitions, raw_batches, recaption_partitions
-from prx_assets.defs.remote import run_stage, run_stages, stage_resources
-from prx_assets.defs.staleness import (
+from prx_assets.defs.keys import IMAGE_EMBEDDINGS, RAW_IMAGES, RECAPTIONS, group
+from prx_assets.infra.partitions import raw_batches, recaption_partitions
+from prx_assets.infra.pictures import caption_pictures
+from prx_assets.infra.remote import run_stage, run_stages, stage_resources
+from prx_assets.infra.staleness import (
     FINGERPRINT_KEY,
     FINGERPRINTS_KEY,
     FingerprintContext,
@@ -21,12 +21,13 @@ from prx_assets.defs.staleness import (
     previous_data_version,
     register_fingerprint,
 )
-from prx_assets.defs.visual_metadata import caption_pictures
 from prx_assets.resources.models import CaptionerResource, EmbedderResource
 from prx_assets.resources.slurm import SlurmResource
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
 RECAPTION_CODE_VERSION = "recaption-1"
+
+
 EMBEDDING_CODE_VERSION = "embedding-1"
 
 
@@ -39,7 +40,7 @@ def split_recaption_key(key: str | dg.MultiPartitionKey) -> tuple[str, str]:
 
 
 def _upstream_version(ctx: FingerprintContext, batch: str) -> str:
-    return ctx.data_version("raw_images", batch)
+    return ctx.data_version(RAW_IMAGES, batch)
 
 
 def recaptions_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
@@ -55,8 +56,10 @@ def embeddings_fingerprint(ctx: FingerprintContext, partition_key: str | None) -
     return digest(EMBEDDING_CODE_VERSION, embedder_id, _upstream_version(ctx, partition_key or ""))
 
 
-register_fingerprint("recaptions", recaptions_fingerprint)
-register_fingerprint("image_embeddings", embeddings_fingerprint)
+register_fingerprint(RECAPTIONS, recaptions_fingerprint)
+
+
+register_fingerprint(IMAGE_EMBEDDINGS, embeddings_fingerprint)
 
 
 def _data_version(context: dg.AssetExecutionContext, res: EnrichResult) -> dg.DataVersion:
@@ -86,12 +89,10 @@ def _enrich_metadata(res: EnrichResult, uri: str, fingerprint: str) -> dict[str,
     }
 
 
-
-
 @dg.asset(
     partitions_def=recaption_partitions,
     deps=[raw_images],  # each (batch, captioner) partition reads the raw_images batch partition
-    group_name="enrichment",
+    group_name=group(RECAPTIONS),
     kinds={"pytorch", "lance"},
     code_version=RECAPTION_CODE_VERSION,
     owners=["team:data"],
@@ -124,45 +125,6 @@ def recaptions(context: dg.AssetExecutionContext, storage: StorageResource, proj
     return dg.MaterializeResult(metadata=md, data_version=_data_version(context, res))
 
 
-@dg.asset_check(asset=recaptions, partitions_def=recaption_partitions, blocking=False)
-def caption_quality(context: dg.AssetCheckExecutionContext, storage: StorageResource,
-                    captioner: CaptionerResource) -> dg.AssetCheckResult:
-    """Flags empty, too short, truncated (hit max tokens) and degenerate (repetition loop)
-    captions of the partition; reports a caption-length histogram and examples. Warns when
-    the flagged share exceeds ``max_flagged_fraction``."""
-    batch, captioner_id = split_recaption_key(context.partition_key)
-    root = storage.root()
-    ds = open_table(table_uri(root, CAPTIONS_TABLE), root.storage_options())
-    rows = [] if ds is None else ds.to_table(
-        columns=["caption", "hit_max_tokens"],
-        filter=where_all(where_eq("batch", batch), where_eq("captioner_id", captioner_id))).to_pylist()
-    rep = assess([(r["caption"], r["hit_max_tokens"]) for r in rows], min_words=captioner.min_words)
-    md = rep.to_metadata()
-    hist = "\n".join(["| words | captions |", "|---|---|"] +
-                     [f"| {k} | {v} |" for k, v in md["length_histogram_words"].items()])
-    examples = "\n".join(f"- **{flag}**: `{ex!r}`" for flag, exs in md["examples"].items() for ex in exs)
-    passed = rep.flagged_fraction <= captioner.max_flagged_fraction
-    return dg.AssetCheckResult(
-        passed=passed,
-        severity=dg.AssetCheckSeverity.WARN,
-        description=None if passed else (
-            f"{rep.flagged} of {rep.total} captions flagged ({rep.flagged_fraction:.0%}) "
-            f"> {captioner.max_flagged_fraction:.0%}: {dict(md['counts'])}"),
-        metadata={
-            "captions": rep.total,
-            "flagged": rep.flagged,
-            "flagged_fraction": md["flagged_fraction"],
-            "flag_counts": dg.MetadataValue.json(md["counts"]),
-            "mean_words": md["mean_words"],
-            "length_histogram": dg.MetadataValue.md(hist),
-            "examples": dg.MetadataValue.md(examples or "none flagged"),
-        },
-    )
-
-
-# Jobs over several assets (the implicit asset job, `prx-assets run`) mix this policy with the
-# default one on purpose; Dagster then uses one partition per run for such jobs.
-
 #: Partitions per run in a backfill of image_embeddings: the embedder loads once per run
 #: instead of once per partition, and Dagster starts one run process per 8 batches.
 EMBED_PARTITIONS_PER_RUN = 8
@@ -171,7 +133,7 @@ EMBED_PARTITIONS_PER_RUN = 8
 @dg.asset(
     partitions_def=raw_batches,
     deps=[raw_images],
-    group_name="enrichment",
+    group_name=group(IMAGE_EMBEDDINGS),
     kinds={"pytorch", "lance"},
     code_version=EMBEDDING_CODE_VERSION,
     owners=["team:data"],
@@ -227,4 +189,3 @@ def image_embeddings(context: dg.AssetExecutionContext, storage: StorageResource
     return dg.MaterializeResult(metadata=md, data_version=version)
 
 
-__all__ = ["caption_quality", "captioner_partitions", "image_embeddings", "recaptions"]

@@ -10,9 +10,10 @@ from pydantic import Field
 from prx_assets.core import layout
 from prx_assets.core.config.storage import DataRoot
 from prx_assets.core.jobs.render import job_name_for
+from prx_assets.defs.keys import TRAINING_RUN, group
 from prx_assets.defs.mixture import training_mixture
-from prx_assets.defs.partitions import mixture_partitions
-from prx_assets.defs.staleness import (
+from prx_assets.infra.partitions import mixture_partitions
+from prx_assets.infra.staleness import (
     FINGERPRINT_KEY,
     FingerprintContext,
     digest,
@@ -25,6 +26,8 @@ from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 from prx_assets.training.args import DEFAULTS, TrainerArgs
 
 TRAINING_CODE_VERSION = "train-1"
+
+
 TRAINER_MODULE = "prx_assets.training.train"
 
 
@@ -80,13 +83,13 @@ def training_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> 
     return training_fingerprint_of(ctx.data_version(training_mixture.key, partition_key))
 
 
-register_fingerprint("training_run", training_fingerprint)
+register_fingerprint(TRAINING_RUN, training_fingerprint)
 
 
 @dg.asset(
     partitions_def=mixture_partitions,
     deps=[training_mixture],
-    group_name="training",
+    group_name=group(TRAINING_RUN),
     kinds={"pytorch", "slurm"},
     code_version=TRAINING_CODE_VERSION,
     owners=["team:training"],
@@ -179,67 +182,6 @@ def _record_trained(root: DataRoot, mixture: str, version: str, work_key: str, r
     doc = {"run_id": run_id, "data_version": data_version,
            "metadata": {k: v for k, v in plain_md.items() if isinstance(v, (str, int, float, bool))}}
     root.write_bytes(layout.training_record(mixture, version, work_key), json.dumps(doc, sort_keys=True).encode())
-
-
-def _latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
-    recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1, ascending=False).records
-    return recs[0].storage_id if recs else None
-
-
-def _new_versions(instance: dg.DagsterInstance, key: dg.AssetKey,
-                  after: int | None) -> tuple[list[tuple[str, str]], int | None]:
-    """``(partition, data version)`` of materializations after storage id ``after``, and the new cursor."""
-    res = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, after_storage_id=after),
-                                          limit=200, ascending=True)
-    found = [(r.asset_materialization.partition, r.asset_materialization.tags.get("dagster/data_version", ""))
-             for r in res.records if r.asset_materialization is not None and r.asset_materialization.partition]
-    return found, (res.records[-1].storage_id if res.records else after)
-
-
-WATCHED = {"shards": dg.AssetKey("mds_shards"), "mixture": training_mixture.key}
-
-
-@dg.sensor(
-    asset_selection=[training_mixture, training_run],
-    minimum_interval_seconds=15,
-    default_status=dg.DefaultSensorStatus.STOPPED,
-    description="New shard set -> re-resolve the mixtures that use it; new mixture version -> one training run.",
-)
-def training_sensor(context: dg.SensorEvaluationContext, project: ProjectConfigResource) -> dg.SensorResult:
-    """Watches ``mds_shards`` and ``training_mixture`` materializations (cursor = storage ids).
-
-    The first tick only records where history ends: turning the sensor on launches nothing
-    for shard sets and mixtures that already exist.
-
-    - A new shard set of recipe R requests ``training_mixture`` for every mixture with a
-      stream on R (run key ``mixture:<name>:<shard set id>``).
-    - A new ``training_mixture`` materialization requests ``training_run`` for that mixture
-      with run key ``train:<mixture>:<mixture version>``: one mixture version launches exactly
-      one training run, however often the mixture is re-materialized.
-    """
-    if not context.cursor:  # first tick: start from now, never launch training for history
-        start = {name: _latest_storage_id(context.instance, key) for name, key in WATCHED.items()}
-        return dg.SensorResult(cursor=json.dumps(start), skip_reason=dg.SkipReason(
-            f"initialised at storage ids {start}; new shard sets and mixture versions from now on launch runs"))
-    cursor = json.loads(context.cursor)
-    requests: list[dg.RunRequest] = []
-    new_sets, cursor["shards"] = _new_versions(context.instance, WATCHED["shards"], cursor.get("shards"))
-    if new_sets:
-        known = set(context.instance.get_dynamic_partitions(mixture_partitions.name or "mixtures"))
-        mixtures = project.mixtures().values()
-        for recipe, set_id in new_sets:
-            for mixture in sorted(m.name for m in mixtures if any(s.recipe == recipe for s in m.streams)):
-                if mixture in known:
-                    requests.append(dg.RunRequest(run_key=f"mixture:{mixture}:{set_id}", partition_key=mixture,
-                                                  asset_selection=[training_mixture.key],
-                                                  tags={"prx/shard_set": set_id}))
-    new_mixtures, cursor["mixture"] = _new_versions(context.instance, WATCHED["mixture"], cursor.get("mixture"))
-    for mixture, version in new_mixtures:
-        requests.append(dg.RunRequest(run_key=f"train:{mixture}:{version}", partition_key=mixture,
-                                      asset_selection=[training_run.key],
-                                      tags={"prx/mixture_version": version, "prx/stage": "train"}))
-    return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor),
-                           skip_reason=None if requests else dg.SkipReason("no new shard set or mixture version"))
 
 
 def _say_phases(context: dg.AssetExecutionContext, spec_uri: str, steps: int) -> None:
