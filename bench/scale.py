@@ -288,12 +288,12 @@ def noop_figures(base: Path, batches: int, database: str) -> dict[str, Any]:
 
     from prx_assets.core.config.storage import DataRoot
     from prx_assets.core.models.config import load_models
+    from prx_assets.defs.fingerprints import fingerprint_for
     from prx_assets.defs.lab import CURSOR_KEY, LAB_INPUTS, lab_fingerprint_of
     from prx_assets.infra.staleness import (
         FINGERPRINT_KEY,
         FingerprintContext,
         digest,
-        fingerprint_for,
         latest_storage_id,
     )
 

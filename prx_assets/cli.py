@@ -230,9 +230,10 @@ def plan_run(defs: dg.Definitions, instance: dg.DagsterInstance, select: str | N
     keys not registered yet that count as if they were (a dry run registers nothing);
     ``read_only``: the fingerprint cache under the instance is read, not written.
     """
+    from prx_assets.defs.fingerprints import fingerprint_for
     from prx_assets.infra.partitions import is_orphan, orphan_partitions
     from prx_assets.infra.quarantine import held_back
-    from prx_assets.infra.staleness import FingerprintContext, fingerprint_for, recorded_fingerprints
+    from prx_assets.infra.staleness import FingerprintContext, recorded_fingerprints
 
     order = keys if keys is not None else selected_keys(defs, select)
     root = _root()

@@ -74,19 +74,10 @@ class FingerprintContext:
         return hashes[batch] if batch in hashes else load_manifest(self.root, batch).content_hash()
 
 
+#: An asset's input fingerprint: one pure function of the context and a partition key, which both
+#: the asset (it records it) and planning (it compares it) call; the table is
+#: :data:`prx_assets.defs.fingerprints.FINGERPRINTS`.
 FingerprintFn = Callable[[FingerprintContext, str | None], str]
-_REGISTRY: dict[dg.AssetKey, FingerprintFn] = {}
-
-
-def register_fingerprint(key: dg.AssetKey | str, fn: FingerprintFn) -> FingerprintFn:
-    """Register the fingerprint function of an asset."""
-    _REGISTRY[dg.AssetKey.from_coercible(key)] = fn
-    return fn
-
-
-def fingerprint_for(key: dg.AssetKey) -> FingerprintFn | None:
-    """The registered function, if any."""
-    return _REGISTRY.get(key)
 
 
 def digest(*parts: object) -> str:

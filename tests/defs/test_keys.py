@@ -34,3 +34,9 @@ def test_no_asset_key_is_spelled_outside_the_keys_module() -> None:
             if isinstance(node, ast.keyword) and node.arg == "group_name" and isinstance(node.value, ast.Constant):
                 spelled.append(f"{path.relative_to(PACKAGE)}:{node.value.lineno} group_name")
     assert spelled == [], "use prx_assets.defs.keys"
+
+
+def test_every_asset_has_its_fingerprint_in_the_one_table() -> None:
+    from prx_assets.defs.fingerprints import FINGERPRINTS
+
+    assert list(FINGERPRINTS) == list(keys.ASSETS)

@@ -22,7 +22,6 @@ from prx_assets.infra.staleness import (
     FingerprintContext,
     digest,
     latest_data_version,
-    register_fingerprint,
 )
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
@@ -48,7 +47,6 @@ def curated_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> s
                                   registry_version(load_requests(ctx.root)))
 
 
-register_fingerprint(CURATED_SUBSETS, curated_fingerprint)
 
 
 class CurationConfig(dg.Config):

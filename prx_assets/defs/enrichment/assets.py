@@ -19,7 +19,6 @@ from prx_assets.infra.staleness import (
     FingerprintContext,
     digest,
     previous_data_version,
-    register_fingerprint,
 )
 from prx_assets.resources.models import CaptionerResource, EmbedderResource
 from prx_assets.resources.slurm import SlurmResource
@@ -56,10 +55,8 @@ def embeddings_fingerprint(ctx: FingerprintContext, partition_key: str | None) -
     return digest(EMBEDDING_CODE_VERSION, embedder_id, _upstream_version(ctx, partition_key or ""))
 
 
-register_fingerprint(RECAPTIONS, recaptions_fingerprint)
 
 
-register_fingerprint(IMAGE_EMBEDDINGS, embeddings_fingerprint)
 
 
 def _data_version(context: dg.AssetExecutionContext, res: EnrichResult) -> dg.DataVersion:

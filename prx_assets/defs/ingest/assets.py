@@ -18,7 +18,6 @@ from prx_assets.infra.staleness import (
     FingerprintContext,
     digest,
     previous_data_version,
-    register_fingerprint,
 )
 from prx_assets.resources.s3 import PrxS3Resource as S3Resource
 from prx_assets.resources.slurm import SlurmResource
@@ -41,7 +40,6 @@ def raw_images_fingerprint(ctx: FingerprintContext, partition_key: str | None) -
     return digest(INGEST_CODE_VERSION, ctx.sources.get(source).fingerprint(), manifest_hash)
 
 
-register_fingerprint(RAW_IMAGES, raw_images_fingerprint)
 
 
 def md_table(headers: list[str], rows: list[list[Any]]) -> str:

@@ -17,7 +17,6 @@ from prx_assets.infra.staleness import (
     digest,
     latest_materialization,
     latest_storage_id,
-    register_fingerprint,
 )
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
@@ -57,7 +56,6 @@ def lab_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> str:
     return lab_fingerprint_of(ctx.models, inputs_changed=changed)
 
 
-register_fingerprint(LANCE_TABLE, lab_fingerprint)
 
 
 def _md(mat: dg.AssetMaterialization, key: str) -> object:

@@ -15,7 +15,6 @@ from prx_assets.infra.staleness import (
     FingerprintContext,
     digest,
     latest_data_version,
-    register_fingerprint,
 )
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
@@ -36,7 +35,6 @@ def mixture_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> s
     return digest(MIXTURE_CODE_VERSION, repr(mix), ids)
 
 
-register_fingerprint(TRAINING_MIXTURE, mixture_fingerprint)
 
 
 def streams_table(spec: MixtureSpec) -> str:

@@ -28,7 +28,6 @@ from prx_assets.infra.staleness import (
     digest,
     latest_data_version,
     previous_data_version,
-    register_fingerprint,
 )
 from prx_assets.resources.storage import ProjectConfigResource, StorageResource
 
@@ -68,7 +67,6 @@ def shards_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> st
     return shards_fingerprint_of(ctx.data_version(CURATED_SUBSETS, partition_key), recipes.get(partition_key or ""))
 
 
-register_fingerprint(MDS_SHARDS, shards_fingerprint)
 
 
 def _subset_of(context: dg.AssetExecutionContext) -> str:

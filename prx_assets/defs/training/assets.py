@@ -18,7 +18,6 @@ from prx_assets.infra.staleness import (
     FingerprintContext,
     digest,
     latest_materialization,
-    register_fingerprint,
 )
 from prx_assets.resources.pipes_slurm import PipesSlurmClient, plain, reported_result
 from prx_assets.resources.slurm import SlurmResource
@@ -83,7 +82,6 @@ def training_fingerprint(ctx: FingerprintContext, partition_key: str | None) -> 
     return training_fingerprint_of(ctx.data_version(training_mixture.key, partition_key))
 
 
-register_fingerprint(TRAINING_RUN, training_fingerprint)
 
 
 @dg.asset(
