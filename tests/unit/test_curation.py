@@ -154,7 +154,8 @@ def test_errors_name_the_column_and_the_captioner(lab, tmp_path: Path) -> None:
         select(ds, Recipe(name="r", dedup=Dedup(embedding_threshold=0.9)))
     cfg = tmp_path / "recipes.yaml"
     cfg.write_text("recipes:\n  - {name: a, dedup: {exact: true, fuzzy: 3}}\n")
-    with pytest.raises(ConfigError, match=r"recipe 'a': dedup must be a mapping"):
+    with pytest.raises(ConfigError, match=r"recipe 'a': unknown key 'dedup.fuzzy' \(fix: use one of: "
+                                          r"embedding_threshold, exact, phash_distance\)"):
         load_recipes(cfg)
     cfg.write_text("recipes:\n  - {name: a, optout: {image_ids: nope.txt}}\n")
     with pytest.raises(ConfigError, match=r"opt-out image_ids file .*nope.txt' does not exist"):

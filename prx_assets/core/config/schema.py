@@ -82,8 +82,9 @@ def _value(raw: Any, loc: Sequence[Any]) -> Any:
     return raw
 
 
-def _field(cls: type[BaseModel], loc: Sequence[Any]) -> tuple[bool, Any]:
-    """``(optional, default)`` of the field at ``loc`` in ``cls``, through lists and nested models."""
+def _walk(cls: type[BaseModel], loc: Sequence[Any]) -> tuple[Any, tuple[bool, Any]]:
+    """The type at ``loc`` in ``cls`` (through lists and nested models), with ``(optional, default)``
+    of the last field on the way."""
     found: tuple[bool, Any] = (False, dataclasses.MISSING)
     current: Any = cls
     for part in loc:
@@ -93,50 +94,55 @@ def _field(cls: type[BaseModel], loc: Sequence[Any]) -> tuple[bool, Any]:
             continue
         fields = getattr(current, "model_fields", None)
         if not fields or part not in fields:
-            return False, dataclasses.MISSING
+            return None, (False, dataclasses.MISSING)
         info = fields[part]
         found = ("None" in str(info.annotation), info.default)
-        current = info.annotation
-    return found
+        current = next((a for a in typing.get_args(info.annotation) if hasattr(a, "model_fields")), info.annotation)
+    return current, found
 
 
 def error_of(err: ValidationError, cls: type[BaseModel], raw: Any, path: str, where: str | None, what: str) -> ConfigError:
-    """The first error of ``err`` as a ConfigError in the project's form."""
-    first = err.errors()[0]
+    """The first error of ``err`` as a ConfigError in the project's form (the others counted)."""
+    errors = err.errors()
+    error = _one(errors[0], cls, raw, what)
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return ConfigError(error[0] + more, path=path, entry=where, fix=error[1])
+
+
+def _one(first: Any, cls: type[BaseModel], raw: Any, what: str) -> tuple[str, str]:
+    """``(message, fix)`` of one pydantic error."""
     loc, kind, ctx = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))], \
         first["type"], first.get("ctx") or {}
     if loc and kind != "union_tag_invalid" and isinstance(raw, Mapping) and loc[0] == raw.get("kind"):
         loc = loc[1:]  # the tag of a discriminated union (a source's kind) is not a key
-    key, value = _key(loc), _value(raw, loc)
+    key, value, last = _key(loc), _value(raw, loc), str(loc[-1]) if loc else "value"
     if kind in ("unexpected_keyword_argument", "extra_forbidden"):
-        return ConfigError(f"unknown {what} {loc[-1]!r}", path=path, entry=where,
-                           fix=f"use one of: {', '.join(sorted(cls.model_fields))}" if len(loc) == 1
-                           else "remove it (see docs/schemas/)")
+        parent, _ = _walk(cls, loc[:-1])
+        known = sorted(getattr(parent, "model_fields", {}))
+        return f"unknown {what} {key!r}", f"use one of: {', '.join(known)}" if known else "remove it (see docs/schemas/)"
     if kind in ("missing", "missing_argument", "missing_keyword_only_argument"):
-        return ConfigError(f"missing '{key}'", path=path, entry=where, fix=f"add {loc[-1]}: ...")
+        return f"missing '{key}'", f"add {last}: ..."
     if kind == "union_tag_invalid":
-        return ConfigError(f"unknown {ctx.get('discriminator', 'kind').strip(chr(39))} {ctx.get('tag')!r}",
-                           path=path, entry=where, fix=f"use one of: {ctx.get('expected_tags', '')}".replace("'", ""))
+        return (f"unknown {ctx.get('discriminator', 'kind').strip(chr(39))} {ctx.get('tag')!r}",
+                f"use one of: {ctx.get('expected_tags', '')}".replace("'", ""))
     base = kind.split("_")[0]
     if kind.endswith(("_type", "_parsing", "_from_float")) and base in _TYPES:
-        optional, default = _field(cls, loc)
+        _, (optional, default) = _walk(cls, loc)
         name, example = _TYPES[base]
         shown = f" (default {default!r})" if default not in (dataclasses.MISSING, None) and \
             not callable(default) and repr(default) != "PydanticUndefined" else ""
-        return ConfigError(f"{key}={value!r}: expected {name}{' or null' if optional else ''}, "
-                           f"got {type(value).__name__}", path=path, entry=where, fix=f"write {loc[-1]}: {example}{shown}")
+        said = f"{key}={value!r}: expected" if loc else "expected"
+        return (f"{said} {name}{' or null' if optional else ''}, got {type(value if loc else raw).__name__}",
+                f"write {last}: {example}{shown}")
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
         bound = next(iter(ctx.values()), "")
-        return ConfigError(f"{key}={value!r} must be {op} {bound}", path=path, entry=where,
-                           fix=f"write {loc[-1]}: a value {op} {bound}")
+        return f"{key}={value!r} must be {op} {bound}", f"write {last}: a value {op} {bound}"
     if kind == "literal_error":
-        return ConfigError(f"{key}={value!r} is not supported", path=path, entry=where,
-                           fix=f"use one of: {ctx.get('expected', '')}".replace("'", ""))
+        return f"{key}={value!r} is not supported", f"use one of: {ctx.get('expected', '')}".replace("'", "")
     if kind == "string_pattern_mismatch":
-        return ConfigError(f"{key}={value!r} is invalid", path=path, entry=where,
-                           fix="use lowercase letters, digits and '_' starting with a letter")
-    return ConfigError(f"{key}={value!r}: {first['msg']}", path=path, entry=where, fix="see docs/schemas/")
+        return f"{key}={value!r} is invalid", "use lowercase letters, digits and '_' starting with a letter"
+    return f"{key}={value!r}: {first['msg']}", "see docs/schemas/"
 
 
 def mapping(raw: Any, path: str, where: str | None, example: str) -> Mapping[str, Any]:
