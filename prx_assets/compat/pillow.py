@@ -10,6 +10,7 @@ shim answers ``None`` and the caller uses ``save`` (same bytes, slower).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from PIL import Image
@@ -19,12 +20,19 @@ from prx_assets.compat import CompatError, guard
 CHECKED = ">=10.3,<14"
 
 
-def jpeg_encoder(arguments: tuple[object, ...]) -> Any | None:
-    """A libjpeg encoder for RGB pixels with Pillow's JPEG writer ``arguments``, or ``None`` where
-    this Pillow is outside the checked versions or lays its encoders out otherwise."""
+@functools.cache
+def _getencoder() -> Any | None:
+    """Pillow's encoder factory when this Pillow is one the shim was checked against (decided once:
+    the q92 cycles call :func:`jpeg_encoder` dozens of times per sampled image)."""
     try:
         guard("pillow", CHECKED, "the direct JPEG encoder", "Pillow's Image.save (no issue filed)")
     except CompatError:
         return None
-    getencoder = getattr(Image, "_getencoder", None)
+    return getattr(Image, "_getencoder", None)
+
+
+def jpeg_encoder(arguments: tuple[object, ...]) -> Any | None:
+    """A libjpeg encoder for RGB pixels with Pillow's JPEG writer ``arguments``, or ``None`` where
+    this Pillow is outside the checked versions or lays its encoders out otherwise."""
+    getencoder = _getencoder()
     return getencoder("RGB", "jpeg", "RGB", arguments) if getencoder is not None else None

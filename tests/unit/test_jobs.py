@@ -160,3 +160,30 @@ def test_stage_settings_travel_as_json_without_credentials() -> None:
     back = StageResources.from_json(text)
     assert back.s3 == S3Settings(endpoint_url="http://127.0.0.1:9") and back.captioner == res.captioner
     assert back.storage == res.storage and back.embedder is None
+
+
+def test_a_slow_build_holds_up_no_other_kept_object() -> None:
+    import threading
+
+    from prx_assets.core.stages.settings import kept
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        started.set()
+        release.wait(10)
+        return "model"
+
+    loader = threading.Thread(target=lambda: kept(("test-slow", id(started)), slow))
+    loader.start()
+    assert started.wait(10)
+    got: list[str] = []
+    fast = threading.Thread(target=lambda: got.append(kept(("test-fast", id(started)), lambda: "client")))
+    fast.start()
+    fast.join(5)
+    finished_during_the_slow_build = not fast.is_alive()
+    release.set()
+    fast.join(10)
+    assert finished_during_the_slow_build and got == ["client"]
+    loader.join(10)
+    assert kept(("test-slow", id(started)), lambda: "again") == "model"  # built once

@@ -29,16 +29,26 @@ from prx_assets.core.publish.mixture import Mixture, load_mixtures
 #: Fields never written into a job's arguments: credentials reach jobs through their environment.
 SECRET = re.compile(r"secret|access_key|session_token|password|token", re.IGNORECASE)
 _KEPT: dict[tuple[Any, ...], Any] = {}
+_BUILDING: dict[tuple[Any, ...], threading.Lock] = {}
 _LOCK = threading.Lock()
 T = TypeVar("T")
 
 
 def kept(key: tuple[Any, ...], build: Callable[[], T]) -> T:
-    """The process's object for ``key``, built once (models, clients)."""
+    """The process's object for ``key``, built once (models, clients). Each key is built under its
+    own lock: a model that takes minutes to load holds up no S3 client lookup in another thread."""
     with _LOCK:
-        if key not in _KEPT:
-            _KEPT[key] = build()
-        return _KEPT[key]
+        if key in _KEPT:
+            return _KEPT[key]
+        building = _BUILDING.setdefault(key, threading.Lock())
+    with building:
+        with _LOCK:
+            if key in _KEPT:
+                return _KEPT[key]
+        value = build()
+        with _LOCK:
+            _KEPT[key] = value
+        return value
 
 
 def is_kept(key: tuple[Any, ...]) -> bool:
