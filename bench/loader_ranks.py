@@ -10,6 +10,7 @@ what each rank saw: its batches (sample ``uid``s), and where a case says ``stop_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -94,10 +95,10 @@ def run_ranks(world: int, workers: int, cases: list[dict[str, Any]], folder: Pat
                                        stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent), log))
     deadline = time.monotonic() + timeout_s
     try:
-        for rank, (proc, _) in enumerate(procs):
+        for proc, _ in procs:
             code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             if code != 0:
-                raise RuntimeError(f"rank {rank} exited {code}: {(folder / f'rank{rank}.log').read_text()[-3000:]}")
+                raise RuntimeError(_failure(procs, folder))
     finally:
         for proc, log in procs:
             if proc.poll() is None:
@@ -105,6 +106,18 @@ def run_ranks(world: int, workers: int, cases: list[dict[str, Any]], folder: Pat
                 proc.wait()
             log.close()
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _failure(procs: list[tuple[subprocess.Popen[bytes], Any]], folder: Path) -> str:
+    """The logs of the ranks that failed, the one that crashed first: a rank whose peer died only
+    says the connection closed, so the others get a moment to end and the cause is shown first."""
+    for proc, _ in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+    failed = [(rank, proc.returncode) for rank, (proc, _) in enumerate(procs) if proc.returncode not in (0, None)]
+    logs = {rank: (folder / f"rank{rank}.log").read_text()[-2000:] for rank, _ in failed}
+    failed.sort(key=lambda rc: "Connection closed by peer" in logs[rc[0]])
+    return "\n".join(f"rank {rank} exited {code}: {logs[rank]}" for rank, code in failed)
 
 
 if __name__ == "__main__":
